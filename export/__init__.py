@@ -1,0 +1,1 @@
+"""Turns trained checkpoints into verified model-repository entries (imports torch and onnx)."""

@@ -1,0 +1,181 @@
+"""Export a trained ViT checkpoint to a model-repository entry ``models/vit/<version>/``.
+
+``python -m export.vit --checkpoint checkpoints/vit-default/best.pt``
+
+One graph, ``model.onnx``: input ``pixel_values`` (B, C, H, W) float32, outputs ``logits`` (B, classes)
+and ``attentions`` (B, layers, heads, tokens, tokens). The export is checked against PyTorch on real
+test images at batch sizes 1, 8 and 64 and refused if it drifts; the test accuracy recorded in the
+manifest is measured on the exported graph itself, through onnxruntime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from export.common import (
+    ExportError, StagedEntry, cpu_session, framework_versions, graph_io, max_abs_diff, next_version, now_iso,
+)  # fmt: skip
+from model.data import load_image_dataset
+from model.training import CliError, load_checkpoint, run_cli
+from model.vit import ViT, ViTConfig
+
+INPUT, LOGITS, ATTENTIONS = "pixel_values", "logits", "attentions"
+PARITY_BATCHES = (1, 8, 64)
+LOGITS_TOL, ATTENTION_TOL = 1e-4, 1e-5
+
+
+class ViTWithAttention(nn.Module):
+    """The exported signature: images -> (logits, every layer's attention probabilities)."""
+
+    def __init__(self, vit: ViT) -> None:
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.vit(pixel_values, return_attention=True)
+
+
+def preprocess(images: np.ndarray, prep: dict) -> np.ndarray:
+    """uint8 (N, H, W, C) -> float32 (N, C, H, W) normalised as recorded in the manifest."""
+    x = images.astype(np.float32) * np.float32(prep["scale"])
+    x = (x - np.asarray(prep["mean"], np.float32)) / np.asarray(prep["std"], np.float32)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def export_graph(vit: ViT, path: Path, opset: int = 18) -> None:
+    cfg = vit.cfg
+    example = torch.zeros(2, cfg.channels, cfg.image_size, cfg.image_size)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.onnx.export(
+        ViTWithAttention(vit).eval(), (example,), dynamo=True, opset_version=opset,
+        input_names=[INPUT], output_names=[LOGITS, ATTENTIONS],
+        dynamic_shapes={"pixel_values": {0: batch}}, external_data=False,
+    )  # fmt: skip
+    program.save(str(path))
+
+
+@torch.no_grad()
+def parity_report(vit: ViT, session, x: np.ndarray, batch_sizes=PARITY_BATCHES) -> dict:
+    """Max |ONNX - PyTorch| of logits and attention, and argmax agreement, at each batch size."""
+    report = {"batch_sizes": list(batch_sizes), "max_abs_logits": 0.0, "max_abs_attention": 0.0, "argmax_identical": True}
+    for bs in batch_sizes:
+        if len(x) < bs:
+            raise ExportError(f"need at least {bs} test images for the parity check, have {len(x)}")
+        logits, attn = vit(torch.from_numpy(x[:bs]), return_attention=True)
+        o_logits, o_attn = session.run([LOGITS, ATTENTIONS], {INPUT: x[:bs]})
+        report["max_abs_logits"] = max(report["max_abs_logits"], max_abs_diff(o_logits, logits.numpy()))
+        report["max_abs_attention"] = max(report["max_abs_attention"], max_abs_diff(o_attn, attn.numpy()))
+        report["argmax_identical"] &= bool((o_logits.argmax(-1) == logits.numpy().argmax(-1)).all())
+    return report
+
+
+def check_parity(report: dict, logits_tol: float = LOGITS_TOL, attention_tol: float = ATTENTION_TOL) -> None:
+    problems = []
+    if report["max_abs_logits"] > logits_tol:
+        problems.append(f"max |dlogits| {report['max_abs_logits']:.2e} > {logits_tol:.0e}")
+    if report["max_abs_attention"] > attention_tol:
+        problems.append(f"max |dattention| {report['max_abs_attention']:.2e} > {attention_tol:.0e}")
+    if not report["argmax_identical"]:
+        problems.append("argmax differs from PyTorch")
+    if problems:
+        raise ExportError("ONNX/PyTorch parity check failed: " + "; ".join(problems))
+
+
+def onnx_accuracy(session, x: np.ndarray, y: np.ndarray, batch_size: int = 500, progress: bool = True) -> float:
+    correct = 0
+    for i in tqdm(range(0, len(x), batch_size), desc="test accuracy (onnxruntime)", disable=not progress, leave=False):
+        (logits,) = session.run([LOGITS], {INPUT: x[i : i + batch_size]})
+        correct += int((logits.argmax(-1) == y[i : i + batch_size]).sum())
+    return correct / len(x)
+
+
+def build_manifest(ckpt: dict, name: str, version: str, io: dict, evaluation: dict) -> dict:
+    cfg = ViTConfig.from_dict(ckpt["config"])
+    return {
+        "name": name,
+        "version": version,
+        "task": "image-classification",
+        "created_at": now_iso(),
+        "framework": framework_versions(io["opset"]),
+        "model": {"architecture": "ViT", "config": cfg.to_dict(), "parameters": ViT(cfg).num_parameters()},
+        "graphs": {"model": {"file": "model.onnx", "inputs": io["inputs"], "outputs": io["outputs"]}},
+        "labels": ckpt["label_names"],
+        "preprocessing": ckpt["preprocessing"],
+        "attention": {
+            "output": ATTENTIONS, "layout": ["batch", "layer", "head", "query", "key"],
+            "layers": cfg.depth, "heads": cfg.heads, "tokens": cfg.num_tokens,
+            "prefix_tokens": 1, "grid": [cfg.grid_size, cfg.grid_size], "patch_size": cfg.patch_size,
+        },
+        "evaluation": evaluation,
+        "training": ckpt["training"],
+    }  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m export.vit", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/vit-default/best.pt"))
+    p.add_argument("--repository", type=Path, default=Path("models"))
+    p.add_argument("--name", default="vit")
+    p.add_argument("--version", help="default: one more than the highest existing version")
+    p.add_argument("--force", action="store_true", help="replace an existing version")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--data-dir", type=Path, help="dataset location, if not the default one")
+    p.add_argument("--int8", action="store_true", help="also write <name>-int8: dynamic int8 quantisation")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.opset < 17:
+        raise CliError(f"opset must be >= 17, got {args.opset}")
+    ckpt = load_checkpoint(args.checkpoint)
+    if "config" not in ckpt:
+        raise CliError(f"{args.checkpoint} has no training metadata (an interrupted run?); train again")
+    vit = ViT(ViTConfig.from_dict(ckpt["config"])).eval()
+    vit.load_state_dict(ckpt["state_dict"])
+    data = load_image_dataset(ckpt["training"]["dataset"]["dataset"], args.data_dir or _data_dir(ckpt))
+    x_test = preprocess(data.test_images, ckpt["preprocessing"])
+    version = args.version or next_version(args.repository, args.name)
+
+    stage = StagedEntry(args.repository, args.name, version, args.force)
+    try:
+        graph = stage.dir / "model.onnx"
+        print(f"exporting {args.checkpoint} -> {stage.final}", file=sys.stderr)
+        export_graph(vit, graph, args.opset)
+        session = cpu_session(graph)
+        parity = parity_report(vit, session, x_test)
+        check_parity(parity)
+        accuracy = onnx_accuracy(session, x_test, data.test_labels, progress=not args.no_progress)
+        evaluation = {
+            "dataset": data.name, "split": "test", "test_examples": len(x_test), "test_accuracy": accuracy,
+            "pytorch_test_accuracy": ckpt["evaluation"]["test_accuracy"],
+            "parity": {**parity, "logits_tolerance": LOGITS_TOL, "attention_tolerance": ATTENTION_TOL},
+        }  # fmt: skip
+        final = stage.commit(build_manifest(ckpt, args.name, version, graph_io(graph), evaluation))
+    except BaseException:
+        stage.abort()
+        raise
+    print(f"wrote {final}: test accuracy {accuracy:.4f}, parity max |dlogits| {parity['max_abs_logits']:.1e}, "
+          f"max |dattention| {parity['max_abs_attention']:.1e}", file=sys.stderr)  # fmt: skip
+    if args.int8:
+        from export.quantize import export_int8
+
+        export_int8(final, args.repository, f"{args.name}-int8", version, args.force, x_test, data.test_labels)
+    return 0
+
+
+def _data_dir(ckpt: dict) -> Path | None:
+    src = ckpt["training"]["dataset"]
+    return Path(src["path"]) if src.get("dataset") == "image-folder" else None
+
+
+if __name__ == "__main__":
+    run_cli(main)

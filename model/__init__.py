@@ -1,0 +1,1 @@
+"""PyTorch side of attnserve: architectures, datasets and training CLIs (imports torch)."""

@@ -1,0 +1,65 @@
+"""Helpers shared by the training CLIs: seeding, learning-rate schedules, checkpoints, CLI errors."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class CliError(RuntimeError):
+    """An error a person must fix (missing data, bad option); printed as one line, exit status 2."""
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
+    """Run a CLI ``main``; user errors become one ``error:`` line and a non-zero exit, not a traceback."""
+    from model.data import DatasetError
+
+    try:
+        sys.exit(main(argv))
+    except (CliError, DatasetError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.01) -> float:
+    """Multiplier of the base LR: linear warmup, then cosine decay down to ``floor``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def inverse_sqrt(step: int, warmup: int) -> float:
+    """Multiplier of the base LR: linear warmup, then decay as 1/sqrt(step) (Vaswani et al.)."""
+    step = step + 1
+    return min(step / warmup, math.sqrt(warmup / step))
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    """Write atomically so an interrupted run never leaves a truncated checkpoint behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    if not Path(path).is_file():
+        raise CliError(f"checkpoint {path} does not exist (train one first, e.g. 'make train')")
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,1 @@
+"""attnserve's HTTP service: FastAPI + onnxruntime. Never imports torch, model/ or export/."""

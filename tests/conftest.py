@@ -1,0 +1,46 @@
+"""Session-wide fixtures: a tiny ViT trained on real Fashion-MNIST and exported once per test run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_module(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run one of the project's CLIs the way a user does (``python -m ...``) and capture its output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_vit_checkpoint(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("vit-tiny")
+    proc = run_module("model.train_vit", "--profile", "tiny", "--out", str(out), "--no-progress", "--epochs", "2")
+    assert proc.returncode == 0, proc.stderr
+    return out / "best.pt"
+
+
+@pytest.fixture(scope="session")
+def tiny_vit_repository(tiny_vit_checkpoint, tmp_path_factory) -> Path:
+    """A model repository ``<tmp>/models/vit/1`` holding the tiny ViT, exported and parity-checked."""
+    repo = tmp_path_factory.mktemp("repo") / "models"
+    proc = run_module("export.vit", "--checkpoint", str(tiny_vit_checkpoint), "--repository", str(repo),
+                      "--version", "1", "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return repo
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist():
+    """The real Fashion-MNIST, as installed by `make data` (Debian's dataset-fashion-mnist)."""
+    from model.data import load_image_dataset
+
+    return load_image_dataset("fashion-mnist")
