@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from model.training import CliError
+from model.cli import CliError
 from service.manifest import SCHEMA_VERSION, describe_files, write_manifest
 
 

@@ -23,7 +23,8 @@ from export.common import (
     ExportError, StagedEntry, cpu_session, framework_versions, graph_io, max_abs_diff, next_version, now_iso,
 )  # fmt: skip
 from model.data import load_image_dataset
-from model.training import CliError, load_checkpoint, run_cli
+from model.cli import CliError, run_cli
+from model.training import load_checkpoint
 from model.vit import ViT, ViTConfig
 
 INPUT, LOGITS, ATTENTIONS = "pixel_values", "logits", "attentions"

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from model.data import load_image_dataset
 from model.data.images import DATASETS, split_validation
-from model.training import CliError, run_cli, save_checkpoint, seed_everything, warmup_cosine
+from model.cli import CliError, run_cli
+from model.training import save_checkpoint, seed_everything, warmup_cosine
 from model.vit import ViT, ViTConfig
 
 # Each profile is a model config plus training hyper-parameters; flags override either.
@@ -34,8 +35,8 @@ PROFILES = {
     ),
     "default": dict(
         config=ViTConfig(patch_size=4, dim=64, depth=6, heads=4, mlp_ratio=2.0),
-        epochs=30, batch_size=128, lr=1e-3, weight_decay=0.05, warmup_epochs=2.0,
-        label_smoothing=0.1, max_train=None, flip=True, shift=2,
+        epochs=30, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_epochs=2.0,
+        label_smoothing=0.1, max_train=None, flip=True, shift=0,
     ),
 }  # fmt: skip
 

@@ -1,33 +1,15 @@
-"""Helpers shared by the training CLIs: seeding, learning-rate schedules, checkpoints, CLI errors."""
+"""Helpers shared by the training CLIs: seeding, learning-rate schedules, checkpoints."""
 
 from __future__ import annotations
 
 import math
 import random
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-
-class CliError(RuntimeError):
-    """An error a person must fix (missing data, bad option); printed as one line, exit status 2."""
-
-
-def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
-    """Run a CLI ``main``; user errors become one ``error:`` line and a non-zero exit, not a traceback."""
-    from model.data import DatasetError
-
-    try:
-        sys.exit(main(argv))
-    except (CliError, DatasetError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+from model.cli import CliError
 
 
 def seed_everything(seed: int) -> torch.Generator:

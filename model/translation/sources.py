@@ -1,0 +1,192 @@
+"""Readers for the three Debian sources of English-German text, each yielding raw ``(english, german)`` pairs.
+
+- ``trans-de-en``: the Ding dictionary, one entry a line, ``german :: english``; each side is a
+  ``|``-separated list of aligned sub-entries, and some sub-entries are example sentences.
+- ``libreoffice-help-en-us`` + ``libreoffice-help-de``: the same HTML help pages in both languages,
+  whose paragraphs and headings carry the same ``id`` (``par_id3145669``, ``hd_id3154788``).
+- ``libreoffice-l10n-de``: gettext ``.mo`` catalogs of the UI, English msgid -> German msgstr.
+
+Readers only extract; the generic cleaning rules (model/translation/cleaning.py) run afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger("attnserve.translation.sources")
+
+Pair = tuple[str, str]
+
+# Where each package keeps its text, relative to the folder it was unpacked into.
+DING_FILE = "usr/share/trans/de-en"
+HELP_DIR = "usr/share/libreoffice/help"
+UI_CATALOG_DIR = "usr/lib/libreoffice/program/resource/de/LC_MESSAGES"
+
+# ---- Ding dictionary ----------------------------------------------------------------------------
+
+_DING_ANNOTATION = re.compile(r"\s*(?:\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>|\([^()]*\))")
+_DING_WORD_ALTERNATIVES = re.compile(r"(?<![\w/])(\w[\w'’-]*)(?:/\w[\w'’-]*)+")
+_DING_TEMPLATE = re.compile(r"\b(?:sb|sth|jd|jdn|jdm|jds|etw)\.")
+_SENTENCE_SHAPE = re.compile(r"^[\"'„“‚»]?[A-ZÄÖÜ0-9].*[.!?][\"'“”‘’«]?$")
+
+
+def ding_sentence(part: str) -> str | None:
+    """One Ding sub-entry as a plain sentence, or ``None`` when it is a word or phrase, not a sentence.
+
+    Annotations go (``{f}``, ``[ugs.]``, ``<alt. spelling>``, and optional words in parentheses,
+    which read well without them), then the first of ``;``-separated synonyms and of ``a/b``
+    alternatives is kept. Phrase alternatives (``... weinen / kann ich ...``) cannot be resolved
+    into one sentence and templates with ``sb.``/``etw.`` are no sentences: both give ``None``.
+    """
+    part = _DING_ANNOTATION.sub("", part).split("; ")[0].strip()
+    part = _DING_WORD_ALTERNATIVES.sub(r"\1", part)
+    if "/" in part or _DING_TEMPLATE.search(part) or len(part.split()) < 3:
+        return None
+    return part if _SENTENCE_SHAPE.match(part) else None
+
+
+def ding_example_pairs(line: str) -> list[Pair]:
+    """The ``(english, german)`` example sentences of one dictionary line (most lines have none)."""
+    if line.startswith("#") or " :: " not in line:
+        return []
+    german, english = line.rstrip("\n").split(" :: ", 1)
+    de_parts, en_parts = german.split(" | "), english.split(" | ")
+    if len(de_parts) != len(en_parts):  # sub-entries are aligned by position; a mismatch is a broken line
+        return []
+    pairs = []
+    for de, en in zip(de_parts, en_parts):
+        de_s, en_s = ding_sentence(de), ding_sentence(en)
+        if de_s and en_s:
+            pairs.append((en_s, de_s))
+    return pairs
+
+
+def read_ding(root: Path, progress: bool = True) -> Iterator[Pair]:
+    path = root / DING_FILE
+    with open(path, encoding="utf-8") as f:
+        for line in tqdm(f, desc="ding examples", unit=" lines", disable=not progress, leave=False):
+            yield from ding_example_pairs(line)
+
+
+# ---- LibreOffice help pages ---------------------------------------------------------------------
+
+_PARAGRAPH_ID = re.compile(r"(?:par|hd)_id\w+$")
+_BLOCKS = {"p", "h1", "h2", "h3", "h4", "h5", "h6"}
+_CODE_CLASSES = {"code", "codeintable", "smathcode", "bascode"}  # Basic/Math code is not translated
+
+
+class _HelpParagraphs(HTMLParser):
+    """Collects the text of each paragraph or heading with a translation id.
+
+    Platform and module variants (``<span hidden="true" class="MAC">Command</span>``) are skipped:
+    the page's script shows one of them, and the default variant is the one without a class.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.paragraphs: dict[str, str] = {}
+        self._current: tuple[str, str] | None = None  # (id, tag)
+        self._text: list[str] = []
+        self._spans: list[bool] = []  # per open span: does it hide a variant?
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if self._current is None:
+            pid = a.get("id") or ""
+            if tag in _BLOCKS and _PARAGRAPH_ID.match(pid) and a.get("class") not in _CODE_CLASSES:
+                self._current, self._text, self._spans = (pid, tag), [], []
+        elif tag == "span":
+            self._spans.append("hidden" in a and bool(a.get("class")))
+        elif tag == "br":
+            self._text.append(" ")
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._current is None:
+            return
+        if tag == "span" and self._spans:
+            self._spans.pop()
+        elif tag == self._current[1]:
+            self.paragraphs.setdefault(self._current[0], "".join(self._text))
+            self._current = None
+
+    def handle_data(self, data: str) -> None:
+        if self._current is not None and not any(self._spans):
+            self._text.append(data)
+
+
+def help_paragraphs(page_html: str) -> dict[str, str]:
+    """Paragraph id -> text of one help page (the first occurrence of an id wins)."""
+    parser = _HelpParagraphs()
+    parser.feed(page_html)
+    parser.close()
+    return parser.paragraphs
+
+
+def help_paragraph_pairs(english_html: str, german_html: str) -> list[Pair]:
+    """Align the paragraphs of one page in both languages by their shared id."""
+    en, de = help_paragraphs(english_html), help_paragraphs(german_html)
+    return [(text, de[pid]) for pid, text in en.items() if pid in de and text.strip() and de[pid].strip()]
+
+
+def read_help(en_root: Path, de_root: Path, progress: bool = True) -> Iterator[Pair]:
+    en_dir, de_dir = en_root / HELP_DIR / "en-US", de_root / HELP_DIR / "de"
+    pages = sorted(en_dir.rglob("*.html"))
+    if not pages:
+        raise ValueError(f"no help pages under {en_dir}: unpack libreoffice-help-en-us again (--refresh)")
+    for page in tqdm(pages, desc="help pages", unit=" pages", disable=not progress, leave=False):
+        german = de_dir / page.relative_to(en_dir)
+        if german.is_file():
+            yield from help_paragraph_pairs(page.read_text(encoding="utf-8"), german.read_text(encoding="utf-8"))
+
+
+# ---- LibreOffice UI message catalogs --------------------------------------------------------------
+
+_MO_MAGIC = {0x950412DE: "<", 0xDE120495: ">"}
+
+
+def parse_mo(data: bytes) -> list[tuple[str, str]]:
+    """``(msgid, msgstr)`` of a GNU gettext ``.mo`` file, as stored (context and plurals included).
+
+    A dozen lines of struct reading instead of ``gettext.GNUTranslations``, whose catalog is private
+    and drops the plural msgid.
+    """
+    if len(data) < 20 or struct.unpack("<I", data[:4])[0] not in _MO_MAGIC:
+        raise ValueError("not a gettext .mo file (bad magic number)")
+    order = _MO_MAGIC[struct.unpack("<I", data[:4])[0]]
+    _, count, originals, translations = struct.unpack(order + "4I", data[4:20])
+
+    def string(table: int, i: int) -> str:
+        length, offset = struct.unpack(order + "2I", data[table + 8 * i : table + 8 * i + 8])
+        return data[offset : offset + length].decode("utf-8")
+
+    return [(string(originals, i), string(translations, i)) for i in range(count)]
+
+
+def ui_message_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
+    """English -> German UI strings: context dropped, plural forms paired, header and untranslated skipped."""
+    pairs = []
+    for msgid, msgstr in entries:
+        if not msgid or not msgstr:
+            continue
+        forms = msgid.split("\x04", 1)[-1].split("\x00")  # "context\x04singular\x00plural"
+        translated = msgstr.split("\x00")
+        pairs.extend((en, de) for en, de in zip(forms, translated) if en and de)
+    return pairs
+
+
+def read_ui_catalogs(root: Path, progress: bool = True) -> Iterator[Pair]:
+    catalogs = sorted((root / UI_CATALOG_DIR).glob("*.mo"))
+    if not catalogs:
+        raise ValueError(f"no .mo catalogs under {root / UI_CATALOG_DIR}: unpack libreoffice-l10n-de again (--refresh)")
+    for path in tqdm(catalogs, desc="UI catalogs", unit=" files", disable=not progress, leave=False):
+        try:
+            yield from ui_message_pairs(parse_mo(path.read_bytes()))
+        except (ValueError, struct.error) as e:
+            raise ValueError(f"{path}: {e}") from e

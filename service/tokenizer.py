@@ -1,0 +1,143 @@
+"""The translator's subword tokenizer: one SentencePiece model shared by training, export and serving.
+
+It lives in ``service/`` and imports only ``sentencepiece`` so that the torch-free service loads the
+very same class the model was trained with. ``model/translation/tokenizer.py`` trains it.
+
+Round trip: ``decode(encode(text)) == normalize_text(text)`` for every string. Two choices make that
+hold: the model is trained with SentencePiece's ``identity`` normalisation (so SentencePiece changes
+no character: the NFKC of its default ``nmt_nfkc`` rule would turn ``…`` into ``...`` and ``²`` into
+``2``), and with byte fallback (a character never seen in training becomes its UTF-8 bytes, not
+``<unk>``). The only normalisation is :func:`normalize_text`, the same function the corpus builder
+applies as its last cleaning step, so training text and served text are normalised alike.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+# Fixed ids, recorded in every manifest: the model's embedding rows and the decoder's stop rule rely on them.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
+_INVISIBLE = re.compile("[\u00ad\u200b\u200c\u200d\u2060\ufeff]")  # soft hyphen, zero-width (non-)joiners, BOM
+
+
+def normalize_text(text: str) -> str:
+    """The one normalisation that training and serving share.
+
+    Unicode NFC (a composed ``ä`` and ``a`` + combining diaeresis become the same token), typographic
+    apostrophes to ``'`` (the dictionary mixes both; users type ``'``), invisible characters
+    removed, control characters and every run of whitespace (tabs, newlines, no-break spaces)
+    collapsed to one space, ends stripped. A corpus line therefore never holds a tab or newline.
+    """
+    text = unicodedata.normalize("NFC", text).translate(_APOSTROPHES)
+    text = _INVISIBLE.sub("", text)
+    text = "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)
+    return " ".join(text.split())
+
+
+class TokenizerError(RuntimeError):
+    """A tokenizer model file is missing, unreadable, or does not use the fixed special ids."""
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int = PAD_ID
+    bos: int = BOS_ID
+    eos: int = EOS_ID
+    unk: int = UNK_ID
+
+    def as_dict(self) -> dict[str, int]:
+        return {"pad": self.pad, "bos": self.bos, "eos": self.eos, "unk": self.unk}
+
+
+class Tokenizer:
+    """A SentencePiece model with the project's special ids and normalisation.
+
+    Build it with :meth:`load` (a ``.model`` file) or :meth:`from_bytes` (the serialized model, as
+    the trainer produces it). Ids are plain ``list[int]``; callers add padding themselves.
+    """
+
+    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+        self._sp = processor
+        self.special = SpecialIds()
+        found = SpecialIds(processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())
+        if found != self.special:
+            raise TokenizerError(f"tokenizer special ids {found.as_dict()} differ from {self.special.as_dict()}")
+
+    @classmethod
+    def from_bytes(cls, model_proto: bytes) -> Tokenizer:
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model_proto)
+        except (RuntimeError, OSError) as e:
+            raise TokenizerError(f"not a SentencePiece model: {e}") from e
+        return cls(processor)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TokenizerError(f"cannot read tokenizer model {path}: {e.strerror or e}") from e
+        return cls.from_bytes(data)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the ``.model`` file (the serialized protobuf, self-contained: vocabulary and settings)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.to_bytes())
+        return path
+
+    def to_bytes(self) -> bytes:
+        return self._sp.serialized_model_proto()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        return self.special.pad
+
+    @property
+    def bos_id(self) -> int:
+        return self.special.bos
+
+    @property
+    def eos_id(self) -> int:
+        return self.special.eos
+
+    @property
+    def unk_id(self) -> int:
+        return self.special.unk
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Normalise (:func:`normalize_text`) then split into subword ids, optionally framed by bos/eos."""
+        return self.encode_batch([text], add_bos=add_bos, add_eos=add_eos)[0]
+
+    def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
+        """:meth:`encode` for many texts in one call into SentencePiece."""
+        batch = self._sp.encode([normalize_text(t) for t in texts], out_type=int)
+        head = [self.bos_id] if add_bos else []
+        tail = [self.eos_id] if add_eos else []
+        return [head + ids + tail for ids in batch]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids back to text; pad/bos/eos are dropped, so a decoder's raw output can be passed as is."""
+        control = (self.pad_id, self.bos_id, self.eos_id)
+        return self._sp.decode([int(i) for i in ids if int(i) not in control])
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """The subword string of each id (``▁`` marks a word start): labels for attention maps."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self._sp.piece_to_id(piece)
