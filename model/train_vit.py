@@ -31,12 +31,12 @@ PROFILES = {
     "tiny": dict(
         config=ViTConfig(patch_size=7, dim=32, depth=2, heads=2, mlp_ratio=2.0),
         epochs=1, batch_size=64, lr=2e-3, weight_decay=0.05, warmup_epochs=0.1,
-        label_smoothing=0.0, max_train=2000, flip=False, shift=0,
+        label_smoothing=0.0, max_train=2000, flip=False, shift=0, precision="fp32",
     ),
     "default": dict(
-        config=ViTConfig(patch_size=4, dim=64, depth=6, heads=4, mlp_ratio=2.0),
+        config=ViTConfig(patch_size=4, dim=96, depth=6, heads=4, mlp_ratio=2.0),
         epochs=30, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_epochs=2.0,
-        label_smoothing=0.1, max_train=None, flip=True, shift=0,
+        label_smoothing=0.1, max_train=None, flip=True, shift=0, precision="auto",
     ),
 }  # fmt: skip
 
@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", choices=sorted(PROFILES), default="default")
     p.add_argument("--dataset", default="fashion-mnist", help=f"one of {', '.join(DATASETS)}")
     p.add_argument("--data-dir", type=Path, help="dataset location (IDX folder, image folder, ...)")
+    p.add_argument("--image-size", type=int, default=28, help="image-folder only: images are resized to this")
+    p.add_argument("--channels", type=int, choices=[1, 3], default=1, help="image-folder only: 1 (grey) or 3 (RGB)")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: checkpoints/vit-<profile>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (fixed for reproducibility)")
@@ -55,6 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("lr", "weight_decay", "warmup_epochs", "label_smoothing"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float)
     p.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"],
+                   help="matmul precision of training steps (bf16 autocast; auto: bf16 where the CPU has it natively); "
+                   "weights, evaluation and export stay fp32")  # fmt: skip
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (smoke tests)")
     for name in ("patch_size", "dim", "depth", "heads"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, help="model config override")
@@ -74,6 +79,8 @@ def resolve_hparams(args: argparse.Namespace, image_size: int, channels: int, cl
     hp["config"] = replace(hp["config"], image_size=image_size, channels=channels, num_classes=classes, **overrides)
     if hp["epochs"] < 1 or hp["batch_size"] < 1 or hp["lr"] <= 0:
         raise CliError("epochs and batch-size must be >= 1 and lr > 0")
+    if hp["precision"] == "auto":
+        hp["precision"] = "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
     return hp
 
 
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     gen = seed_everything(args.seed)
-    data = load_image_dataset(args.dataset, args.data_dir)
+    folder_options = {"image_size": args.image_size, "channels": args.channels} if args.dataset == "image-folder" else {}
+    data = load_image_dataset(args.dataset, args.data_dir, **folder_options)
     hp = resolve_hparams(args, data.image_size, data.channels, len(data.label_names))
     cfg: ViTConfig = hp["config"]
     out = args.out or Path("checkpoints") / f"vit-{args.profile}"
@@ -146,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warmup, total_steps))
     print(
         f"ViT {model.num_parameters():,} parameters | {args.dataset}: {len(x_train)} train, "
-        f"{len(x_val)} val, {len(data.test_labels)} test | {hp['epochs']} epochs x {steps_per_epoch} steps",
+        f"{len(x_val)} val, {len(data.test_labels)} test | {hp['epochs']} epochs x {steps_per_epoch} steps | "
+        f"{hp['precision']}",
         file=sys.stderr,
     )
 
@@ -159,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in bar:
             idx = order[i * hp["batch_size"] : (i + 1) * hp["batch_size"]]
             x = augment(x_train[idx], hp["shift"], hp["flip"], gen)
-            loss = F.cross_entropy(model(x), y_train[idx], label_smoothing=hp["label_smoothing"])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=hp["precision"] == "bf16"):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=hp["label_smoothing"])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -49,3 +49,24 @@ def test_same_seed_gives_identical_weights(tmp_path):
     assert states[0].keys() == states[1].keys()
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
+
+
+def test_trains_on_an_image_folder(tmp_path):
+    """Users' own images: root/<label>/*.png at any size, RGB here, resized to --image-size."""
+    from tests.model.test_data import make_folder
+
+    make_folder(tmp_path / "images", labels=("cat", "dog", "owl"), per_label=12, size=(40, 30))
+    proc = run_module("model.train_vit", "--profile", "tiny", "--no-progress", "--dataset", "image-folder",
+                      "--data-dir", str(tmp_path / "images"), "--image-size", "16", "--channels", "3",
+                      "--patch-size", "4", "--val-fraction", "0.2", "--out", str(tmp_path / "ck"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ckpt = torch.load(tmp_path / "ck" / "best.pt", weights_only=False)
+    assert ckpt["config"]["image_size"] == 16 and ckpt["config"]["channels"] == 3
+    assert ckpt["config"]["num_classes"] == 3 and ckpt["label_names"] == ["cat", "dog", "owl"]
+    assert ckpt["preprocessing"]["color_mode"] == "RGB" and len(ckpt["preprocessing"]["mean"]) == 3
+    proc = run_module("export.vit", "--checkpoint", str(tmp_path / "ck" / "best.pt"),
+                      "--repository", str(tmp_path / "models"), "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "models" / "vit" / "1" / "manifest.json").read_text())
+    assert manifest["graphs"]["model"]["inputs"][0]["shape"] == ["batch", 3, 16, 16]
+    assert manifest["labels"] == ["cat", "dog", "owl"]
