@@ -51,7 +51,8 @@ test: install-dev  ## the test suite CI runs (everything but the slow marker)
 test-all: install-dev  ## every test, including slow real-training runs
 	$(BIN)/python -m pytest
 
-bench: install-dev  ## benchmarks (ratios vs bare onnxruntime)
+bench: install-dev  ## benchmarks (ratios vs bare onnxruntime; installs Debian's wrk)
+	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
 	$(BIN)/python -m benchmarks.bench_classify --repository $(MODELS)
 
 clean:  ## remove build outputs (keeps checkpoints and models)

@@ -1,0 +1,36 @@
+"""``python -m service``: run the HTTP service under uvicorn with host, port and workers from settings."""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from service.logs import configure_logging, logging_config
+from service.settings import Settings
+
+
+def main() -> int:
+    try:
+        settings = Settings()
+    except ValidationError as e:
+        print(f"attnserve: invalid settings (ATTNSERVE_* environment variables):\n{e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_config=logging_config(settings.log_level, settings.log_format),
+        access_log=False,  # the service logs each request itself, with its request id and latency
+        server_header=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The FastAPI application factory and its lifespan.
+
+``create_app`` builds everything cheap (settings, metrics, routes, error handlers, middleware);
+the lifespan does the heavy part (onnxruntime sessions) in the background after the server
+started listening, so that ``/readyz`` can say "not yet, and why" instead of refusing connections.
+Nothing heavy happens at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import onnxruntime as ort
+from fastapi import FastAPI
+
+from service.deps import Serving
+from service.errors import install_error_handlers
+from service.images import ImageDecoder, ImageLimits
+from service.logs import configure_logging
+from service.metrics import Metrics
+from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from service.registry import Registry
+from service.routes import ROUTERS
+from service.runtime import available_providers, check_gpu_available
+from service.settings import Settings
+
+log = logging.getLogger("attnserve.app")
+
+__version__ = "0.1.0"
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    check_gpu_available(settings)  # require_gpu without a CUDA-capable onnxruntime: refuse to start at all
+    log.info(
+        "starting attnserve %s: repository %s, onnxruntime %s offering %s, max_batch_size %d",
+        __version__, settings.model_repository.resolve(), ort.__version__, available_providers(),
+        settings.max_batch_size,
+    )  # fmt: skip
+    registry = Registry(settings, app.state.metrics)
+    app.state.registry = registry
+    app.state.decoder = ImageDecoder(
+        ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.image_formats),
+        inline_max_pixels=settings.inline_decode_max_pixels,
+        threads=settings.decode_threads,
+    )
+    app.state.serving = Serving(settings, registry, app.state.decoder)
+    loading = asyncio.create_task(registry.load(), name="load-models")
+    try:
+        yield
+    finally:
+        registry.stop_loading()
+        loading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loading
+        await registry.close()
+        app.state.decoder.close()
+        log.info("stopped")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new, independent app: its own settings, metrics registry, models and queues."""
+    settings = settings or Settings()
+    if not logging.getLogger("attnserve").handlers:
+        configure_logging(settings.log_level, settings.log_format)
+    app = FastAPI(
+        title="attnserve",
+        version=__version__,
+        summary="Transformer models on onnxruntime, with dynamic batching.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    # Added last = outermost: the request id and metrics cover even bodies refused for their size.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
+    return app

@@ -1,0 +1,155 @@
+"""An image-classification entry: its manifest contract, preprocessing, inference and top-k answer.
+
+Everything about the model comes from its manifest (tensor names, input shape, labels,
+normalisation); nothing is guessed. Normalisation is bit-for-bit the export's
+``export/vit.py::preprocess``: ``float32(uint8) * scale``, then ``(x - mean) / std`` in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.manifest import Entry, ManifestError
+from service.runtime import SessionHandle
+
+TASK = "image-classification"
+COLOR_MODES = {"L": 1, "RGB": 3}
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    image_size: int
+    channels: int
+    color_mode: str
+    scale: np.float32
+    mean: np.ndarray  # (C,) float32
+    std: np.ndarray  # (C,) float32
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> Preprocessing:
+        try:
+            prep = manifest["preprocessing"]
+            size, channels, mode = int(prep["image_size"]), int(prep["channels"]), str(prep["color_mode"])
+            mean = np.asarray(prep["mean"], np.float32).reshape(-1)
+            std = np.asarray(prep["std"], np.float32).reshape(-1)
+            scale = np.float32(prep["scale"])
+            resize = prep.get("resize", "bilinear")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"manifest preprocessing section is incomplete or malformed: {e!r}") from e
+        if COLOR_MODES.get(mode) != channels:
+            raise ManifestError(f"preprocessing color_mode {mode!r} does not give {channels} channels")
+        if mean.shape != (channels,) or std.shape != (channels,) or not np.all(std > 0):
+            raise ManifestError(f"preprocessing needs {channels} means and {channels} positive stds")
+        if resize != "bilinear":
+            raise ManifestError(f"preprocessing resize {resize!r} is not supported (only 'bilinear')")
+        if size < 1:
+            raise ManifestError(f"preprocessing image_size {size} must be positive")
+        return cls(size, channels, mode, scale, mean, std)
+
+    def stack(self, images: list[np.ndarray]) -> np.ndarray:
+        """Decoded uint8 images (H, W) or (H, W, C) -> one uint8 block (N, H, W, C) to queue."""
+        return np.stack(images).reshape(len(images), self.image_size, self.image_size, self.channels)
+
+    def normalize(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 (N, H, W, C) -> float32 (N, C, H, W), as the model was trained.
+
+        Elementwise, so normalising a whole batch at once gives every image the same bits as alone.
+        """
+        x = pixels.astype(np.float32) * self.scale
+        x = (x - self.mean) / self.std
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+class Classifier:
+    """Runs the ``logits`` output only: attention is not computed unless asked for."""
+
+    def __init__(self, entry: Entry, handle: SessionHandle) -> None:
+        manifest = entry.manifest
+        if manifest.get("task") != TASK:
+            raise ManifestError(f"{entry.path}: task {manifest.get('task')!r} is not {TASK!r}")
+        self.name, self.version = entry.name, entry.version
+        self.handle = handle
+        self.preprocessing = Preprocessing.from_manifest(manifest)
+        self.labels: list[str] = [str(x) for x in manifest.get("labels") or []]
+        if not self.labels:
+            raise ManifestError(f"{entry.path}: manifest has no labels")
+        self.input_name, self.logits_name = _io_names(manifest, self.preprocessing, len(self.labels))
+        graph_inputs = {i.name for i in handle.session.get_inputs()}
+        graph_outputs = {o.name for o in handle.session.get_outputs()}
+        if self.input_name not in graph_inputs or self.logits_name not in graph_outputs:
+            raise ManifestError(
+                f"{entry.path}: manifest names input {self.input_name!r} / output {self.logits_name!r} but the graph "
+                f"has inputs {sorted(graph_inputs)} and outputs {sorted(graph_outputs)}"
+            )
+        self._outputs = [self.logits_name]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        p = self.preprocessing
+        return (p.channels, p.image_size, p.image_size)
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """(N, C, H, W) float32 -> logits (N, classes). Called on the batcher's thread."""
+        (logits,) = self.handle.session.run(self._outputs, {self.input_name: x})
+        return logits
+
+    def warm_up(self, max_batch_size: int, should_stop=lambda: False) -> None:
+        """Run every batch size once so no client pays for first-run allocations or kernel selection."""
+        for n in range(1, max_batch_size + 1):
+            if should_stop():
+                return
+            self.run(np.zeros((n, *self.input_shape), np.float32))
+
+    def infer(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """uint8 (N, H, W, C) -> (softmax probabilities (N, classes), class indices best first (N, classes)).
+
+        The batcher calls this on its thread once per batch, so normalisation and softmax cost the
+        event loop nothing and run vectorised over the batch.
+        """
+        return ranked_softmax(self.run(self.preprocessing.normalize(pixels)))
+
+    def top_k(self, probabilities: np.ndarray, order: np.ndarray, k: int) -> list[list[dict]]:
+        """The answer for each row: its k best labels with their probabilities."""
+        labels = self.labels
+        return [
+            [{"label": labels[i], "index": i, "score": p[i]} for i in idx]
+            for p, idx in zip(probabilities.tolist(), order[:, :k].tolist())
+        ]
+
+
+def ranked_softmax(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax in float64 (so probabilities sum to 1 to the last bit that JSON shows), and the
+    classes sorted by it; ties keep the lower index first so answers are deterministic."""
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    return p, np.argsort(-p, axis=1, kind="stable")
+
+
+def _io_names(manifest: dict, prep: Preprocessing, num_labels: int) -> tuple[str, str]:
+    """The image input and logits output named in the manifest, checked against its own shapes."""
+    try:
+        graph = manifest["graphs"]["model"]
+        inputs, outputs = graph["inputs"], graph["outputs"]
+    except (KeyError, TypeError) as e:
+        raise ManifestError(f"manifest lacks graphs.model inputs/outputs: {e!r}") from e
+    if len(inputs) != 1:
+        raise ManifestError(f"expected one graph input (the images), the manifest lists {len(inputs)}")
+    image = inputs[0]
+    expected = [prep.channels, prep.image_size, prep.image_size]
+    if image.get("dtype") != "float32" or list(image.get("shape", []))[1:] != expected:
+        raise ManifestError(f"graph input {image.get('name')!r} is not float32 (batch, {', '.join(map(str, expected))})")
+    attention = (manifest.get("attention") or {}).get("output")
+    candidates = [
+        o for o in outputs
+        if o.get("name") != attention and len(o.get("shape", [])) == 2 and o["shape"][1] == num_labels
+    ]  # fmt: skip
+    if len(candidates) != 1:
+        raise ManifestError(
+            f"expected exactly one (batch, {num_labels}) logits output besides the attention output, "
+            f"found {[o.get('name') for o in candidates]}"
+        )
+    return str(image["name"]), str(candidates[0]["name"])

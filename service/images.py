@@ -1,0 +1,91 @@
+"""Untrusted bytes to the pixels the model was trained on, refusing anything that could hurt the host.
+
+Limits are checked in the cheapest order: encoded size before opening, declared pixel count from
+the header before decoding a single pixel (the decompression-bomb guard; Pillow's own guard stays
+on behind it). Conversion is the training one (``model/data/images.py::load_pil_image``): EXIF
+orientation applied, converted to the model's colour mode, bilinear resize to its input size.
+Small images are decoded on the event loop (a thread hop would cost more than the decode); large
+ones in a small thread pool so that one big upload cannot stall every other request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from service.errors import ImageTooLarge, UndecodableImage
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_bytes: int
+    max_pixels: int
+    formats: tuple[str, ...]
+
+
+def open_image(data: bytes, limits: ImageLimits) -> Image.Image:
+    """Parse only the header; raise 413 for too many bytes or pixels, 400 for anything not an image."""
+    if len(data) > limits.max_bytes:
+        raise ImageTooLarge(f"image of {len(data)} bytes exceeds the limit of {limits.max_bytes} bytes")
+    if not data:
+        raise UndecodableImage("empty image")
+    try:
+        im = Image.open(io.BytesIO(data), formats=limits.formats)
+    except Image.DecompressionBombError as e:
+        raise ImageTooLarge(f"image refused as a decompression bomb: {e}") from e
+    except UnidentifiedImageError as e:
+        raise UndecodableImage(f"not an image in an accepted format ({', '.join(limits.formats)})") from e
+    except Exception as e:  # Pillow raises many types on malformed headers
+        raise UndecodableImage(f"cannot read the image header: {_reason(e)}") from e
+    width, height = im.size
+    if width < 1 or height < 1:
+        raise UndecodableImage(f"image has no pixels ({width}x{height})")
+    if width * height > limits.max_pixels:
+        raise ImageTooLarge(f"image of {width}x{height} pixels exceeds the limit of {limits.max_pixels} pixels")
+    return im
+
+
+def to_pixels(im: Image.Image, image_size: int, color_mode: str) -> np.ndarray:
+    """Decode and convert exactly like training: uint8 (H, W) for "L", (H, W, C) otherwise."""
+    try:
+        im.load()  # decodes the first frame (GIF, multi-page TIFF) only
+        ImageOps.exif_transpose(im, in_place=True)  # same pixels as training's copy, without copying
+        im = im.convert(color_mode)
+        if im.size != (image_size, image_size):
+            im = im.resize((image_size, image_size), Image.Resampling.BILINEAR)
+        return np.asarray(im, dtype=np.uint8)
+    except Exception as e:  # truncated data, corrupt chunks, unsupported modes...
+        raise UndecodableImage(f"cannot decode the image: {_reason(e)}") from e
+
+
+def decode(data: bytes, limits: ImageLimits, image_size: int, color_mode: str) -> np.ndarray:
+    return to_pixels(open_image(data, limits), image_size, color_mode)
+
+
+def _reason(e: Exception) -> str:
+    text = str(e).splitlines()[0][:200] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class ImageDecoder:
+    """Decodes on the event loop or in its own threads, depending on the declared pixel count."""
+
+    def __init__(self, limits: ImageLimits, *, inline_max_pixels: int, threads: int) -> None:
+        self.limits = limits
+        self.inline_max_pixels = inline_max_pixels
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
+
+    async def decode(self, data: bytes, image_size: int, color_mode: str) -> np.ndarray:
+        im = open_image(data, self.limits)
+        width, height = im.size
+        if width * height <= self.inline_max_pixels:
+            return to_pixels(im, image_size, color_mode)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, to_pixels, im, image_size, color_mode)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

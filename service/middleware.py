@@ -1,0 +1,127 @@
+"""The ASGI layer every request passes through: request id, access log, metrics, body-size limit.
+
+Plain ASGI middleware rather than ``BaseHTTPMiddleware``: it adds no task per request and does not
+buffer bodies, which matters when the whole request budget is about a millisecond.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import BodyTooLarge, error_response, internal_error_response
+from service.logs import REQUEST_ID_HEADER, bind_request_id, unbind_request_id
+from service.metrics import Metrics
+
+access = logging.getLogger("attnserve.access")
+log = logging.getLogger("attnserve.http")
+
+# Probes and scrapes are logged at debug level: at one per second they would drown the real traffic.
+_QUIET_PATHS = {"/healthz", "/readyz", "/metrics"}
+
+
+class RequestContextMiddleware:
+    """Binds a request id, returns it in ``X-Request-ID``, counts and times the request, logs it.
+
+    Also the last line of defence: an exception escaping the app becomes a JSON 500, logged here
+    with the request id and its traceback, and never shown to the client.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, access_log: bool = True) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        incoming = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                incoming = value.decode("latin-1")
+                break
+        request_id, token = bind_request_id(incoming)
+        header = (REQUEST_ID_HEADER.encode(), request_id.encode())
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled exception in %s %s", scope["method"], scope["path"])
+            status = 500
+            if not response_started:
+                await internal_error_response()(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.observe_request(template, scope["method"], status, elapsed)
+            if self.access_log:
+                level = logging.DEBUG if scope["path"] in _QUIET_PATHS else logging.INFO
+                if access.isEnabledFor(level):
+                    access.log(level, "%s %s %d", scope["method"], scope["path"], status, extra={
+                        "method": scope["method"], "path": scope["path"], "status": status,
+                        "duration_ms": round(elapsed * 1000, 3),
+                        "client": scope["client"][0] if scope.get("client") else None,
+                    })  # fmt: skip
+            unbind_request_id(token)
+
+
+class BodyLimitMiddleware:
+    """Refuses bodies over ``max_body_bytes``: by ``Content-Length`` up front, by counting otherwise.
+
+    Counting covers chunked uploads that declare no length; the error raised mid-read reaches the
+    app's error handlers like any other and becomes a 413.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await error_response(400, "invalid_content_length", "Content-Length is not a number")(
+                        scope, receive, send
+                    )
+                    return
+                if declared > limit:
+                    await _too_large(limit)(scope, receive, send)
+                    return
+                break
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+def _too_large(limit: int):
+    return error_response(413, BodyTooLarge.code, f"request body exceeds the limit of {limit} bytes")

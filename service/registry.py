@@ -1,0 +1,215 @@
+"""The models this process serves: loaded from the repository, verified, warmed up, then ready.
+
+Loading runs in the background of the lifespan so that the server answers ``/healthz`` and
+``/readyz`` (503, with the reason) while it verifies sha256s and warms up; an orchestrator then
+sends traffic only once every model is ready. A model that fails to load stays listed with the
+reason, keeps the service not ready, and never takes the process down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.batching import Batcher, Intake
+from service.classifier import TASK as IMAGE_CLASSIFICATION
+from service.classifier import Classifier
+from service.errors import ModelNotFound, ModelNotReady
+from service.manifest import ManifestError, latest_versions, load_entry, read_manifest
+from service.metrics import Metrics
+from service.runtime import RuntimeUnavailable, create_session
+from service.settings import Settings
+
+log = logging.getLogger("attnserve.registry")
+
+SERVED_TASKS = {IMAGE_CLASSIFICATION}
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    LOADING = "loading"  # verifying sha256, creating the session
+    WARMING = "warming"  # running every batch size once
+    READY = "ready"
+    FAILED = "failed"
+    UNSUPPORTED = "unsupported"  # a task this version of the service does not serve; not a readiness blocker
+
+
+@dataclass
+class ServedModel:
+    name: str
+    version: str
+    path: Path
+    task: str | None = None
+    status: Status = Status.PENDING
+    reason: str | None = None
+    manifest: dict = field(default_factory=dict)
+    classifier: Classifier | None = None
+    batcher: Batcher | None = None
+    provider: str | None = None
+    load_seconds: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.version}"
+
+    def describe(self) -> dict:
+        """The model's entry in ``GET /models``: what a client needs to call it and judge it."""
+        m = self.manifest
+        out = {
+            "name": self.name, "version": self.version, "task": self.task, "status": self.status.value,
+            "reason": self.reason, "provider": self.provider, "created_at": m.get("created_at"),
+            "labels": m.get("labels"), "evaluation": m.get("evaluation"),
+        }  # fmt: skip
+        if self.classifier is not None:
+            p = self.classifier.preprocessing
+            out["input"] = {"image_size": p.image_size, "channels": p.channels, "color_mode": p.color_mode}
+        if self.batcher is not None:
+            out["max_batch_size"] = self.batcher.max_batch_size
+        return out
+
+
+class Registry:
+    def __init__(self, settings: Settings, metrics: Metrics, intake: Intake | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.intake = intake or Intake()
+        self.models: dict[str, ServedModel] = {}
+        self.repository_error: str | None = None
+        self.loaded = False  # the load pass has finished (successfully or not)
+        self._stop = threading.Event()
+
+    # ---- loading -----------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Discover, verify, create sessions and warm up every model; never raises."""
+        root = self.settings.model_repository
+        try:
+            paths = latest_versions(root)
+            if not paths:
+                raise ManifestError(f"model repository {root} holds no <name>/<version>/ entries")
+        except ManifestError as e:
+            self.repository_error = str(e)
+            log.error("not ready: %s", e)
+            self.loaded = True
+            return
+        for path in paths:
+            self.models[path.parent.name] = ServedModel(path.parent.name, path.name, path)
+        for model in self.models.values():
+            await asyncio.to_thread(self._load_one, model)
+            if model.status is Status.WARMING and model.classifier is not None and not self._stop.is_set():
+                self._start_batcher(model, model.classifier)
+        self.loaded = True
+        ready, reasons = self.readiness()
+        if ready:
+            log.info("ready: %s", ", ".join(f"{m.key} on {m.provider}" for m in self.servable()))
+        else:
+            log.error("not ready: %s", "; ".join(reasons))
+
+    def _load_one(self, model: ServedModel) -> None:
+        """Runs in a worker thread: sha256, session, warm-up. Leaves the model WARMING or FAILED."""
+        started = time.perf_counter()
+        model.status = Status.LOADING
+        try:
+            model.task = read_manifest(model.path).get("task")
+            if model.task not in SERVED_TASKS:
+                model.status = Status.UNSUPPORTED
+                model.reason = f"task {model.task!r} is not served by this version of the service"
+                log.warning("skipping %s: %s", model.key, model.reason)
+                return
+            entry = load_entry(model.path)  # verifies every file's sha256
+            if entry.name != model.name or entry.version != model.version:
+                raise ManifestError(
+                    f"{model.path}: manifest says {entry.name}/{entry.version} but the entry lives in "
+                    f"{model.name}/{model.version}"
+                )
+            model.manifest = entry.manifest
+            graph = model.path / entry.manifest["graphs"]["model"]["file"]
+            handle = create_session(graph, self.settings)
+            model.provider = handle.provider
+            model.classifier = Classifier(entry, handle)
+            model.status = Status.WARMING
+            log.info("loaded %s on %s; warming up batch sizes 1..%d", model.key, handle.provider,
+                     self.settings.max_batch_size)  # fmt: skip
+            model.classifier.warm_up(self.settings.max_batch_size, self._stop.is_set)
+        except (ManifestError, RuntimeUnavailable) as e:
+            self._fail(model, str(e))
+        except Exception as e:  # onnxruntime raises its own types for unreadable graphs
+            self._fail(model, f"{type(e).__name__}: {e}")
+        finally:
+            model.load_seconds = round(time.perf_counter() - started, 3)
+
+    def _fail(self, model: ServedModel, reason: str) -> None:
+        model.status, model.reason, model.classifier = Status.FAILED, reason, None
+        log.error("model %s failed to load and will not be served: %s", model.key, reason,
+                  extra={"model": model.name, "version": model.version})  # fmt: skip
+
+    def _start_batcher(self, model: ServedModel, classifier: Classifier) -> None:
+        s = self.settings
+        model.batcher = Batcher(
+            model.name, classifier.infer,
+            max_batch_size=s.max_batch_size, max_queue_images=s.max_queue_images,
+            max_queue_delay_s=s.max_queue_delay_ms / 1000.0, retry_after_s=s.retry_after_s,
+            intake=self.intake, observer=self.metrics.for_model(model.name),
+        )  # fmt: skip
+        model.batcher.start()
+        model.status = Status.READY
+        self.metrics.provider.labels(model.name, model.version, model.provider).set(1)
+        self.metrics.ready.labels(model.name, model.version).set(1)
+        log.info("model %s ready on %s (loaded and warmed up in %.2f s)", model.key, model.provider,
+                 model.load_seconds or 0.0, extra={"model": model.name, "provider": model.provider})  # fmt: skip
+
+    def stop_loading(self) -> None:
+        """Make a warm-up still running in its thread give up between two batch sizes."""
+        self._stop.set()
+
+    async def close(self) -> None:
+        self._stop.set()
+        for model in self.models.values():
+            if model.batcher is not None:
+                await model.batcher.stop()
+            self.metrics.ready.labels(model.name, model.version).set(0)
+
+    # ---- queries -----------------------------------------------------------------------------
+    def servable(self) -> list[ServedModel]:
+        return [m for m in self.models.values() if m.task in SERVED_TASKS]
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """(ready, reasons): ready once every servable model is loaded and warmed up."""
+        if self.repository_error:
+            return False, [self.repository_error]
+        if not self.loaded and not self.models:
+            return False, ["loading the model repository"]
+        reasons = [f"{m.key}: {m.status.value}" + (f" ({m.reason})" if m.reason else "")
+                   for m in self.models.values() if m.status not in (Status.READY, Status.UNSUPPORTED)]  # fmt: skip
+        if self.loaded and not self.servable():
+            reasons.append(f"no model in {self.settings.model_repository} has a task this service serves")
+        return not reasons, reasons
+
+    def default_model_name(self) -> str | None:
+        if self.settings.default_model:
+            return self.settings.default_model
+        names = [m.name for m in self.models.values() if m.task == IMAGE_CLASSIFICATION]
+        return min(names) if names else None
+
+    def get(self, name: str | None) -> ServedModel:
+        """The model a request names (or the default one), ready to take requests."""
+        wanted = name or self.default_model_name()
+        model = self.models.get(wanted) if wanted else None
+        if model is None:
+            if not self.loaded:
+                raise ModelNotReady("models are still loading", headers={"Retry-After": str(self.settings.retry_after_s)})
+            known = ", ".join(sorted(self.models)) or "none"
+            raise ModelNotFound(f"no model named {wanted!r} (loaded models: {known})" if wanted else "no model loaded")
+        if model.task is not None and model.task != IMAGE_CLASSIFICATION:
+            raise ModelNotFound(f"model {model.name!r} is a {model.task!r} model, not an image classifier")
+        if model.status is not Status.READY:
+            detail = f": {model.reason}" if model.reason else ""
+            raise ModelNotReady(
+                f"model {model.key} is {model.status.value}{detail}",
+                headers={"Retry-After": str(self.settings.retry_after_s)},
+            )
+        return model

@@ -1,0 +1,5 @@
+"""HTTP routes, one module per concern; the app factory includes every router listed here."""
+
+from service.routes import classify, health, metrics, models
+
+ROUTERS = [classify.router, models.router, health.router, metrics.router]

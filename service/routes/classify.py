@@ -1,0 +1,218 @@
+"""``POST /classify``: images in (JSON base64 or multipart files), top-k labels out.
+
+One handler for both encodings, so both share validation, decoding and batching exactly and can
+never disagree. The handler decodes the images (the only per-image work on the event loop), then
+waits on the model's batcher, which normalises, runs and ranks whole batches on its thread; if the
+client disconnects meanwhile, its request is dropped before compute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import Receive
+
+from service.classifier import Classifier
+from service.deps import ServingDep
+from service.errors import (
+    ImageTooLarge, InvalidBase64, InvalidField, InvalidJSON, InvalidMultipart, ServiceError, UnsupportedMediaType,
+)  # fmt: skip
+from service.images import ImageDecoder
+from service.schemas import ERROR_RESPONSES, ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
+from service.settings import Settings
+
+router = APIRouter(tags=["classification"])
+
+JSON_TYPE = "application/json"
+MULTIPART_TYPE = "multipart/form-data"
+FORM_OPTION_FIELDS = ("top_k", "model", "return_attention")
+
+
+class ClientClosedRequest(ServiceError):
+    """The client went away before its answer was ready (nginx's 499); nobody reads this answer."""
+
+    status, code = 499, "client_closed_request"
+
+
+_REQUEST_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            JSON_TYPE: {"schema": ClassifyJSONRequest.model_json_schema()},
+            MULTIPART_TYPE: {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "array", "items": {"type": "string", "format": "binary"},
+                                 "description": "One `file` part per image."},
+                        "top_k": {"type": "integer", "default": 5, "minimum": 1},
+                        "model": {"type": "string"},
+                    },
+                }  # fmt: skip
+            },
+        },
+    }
+}
+
+
+@router.post(
+    "/classify",
+    response_model=ClassifyResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=_REQUEST_BODY_DOC,
+    summary="Classify one or more images",
+)
+async def classify(request: Request, serving: ServingDep) -> Response:
+    """Top-k labels with softmax scores for each image, in request order."""
+    registry, settings, decoder = serving.registry, serving.settings, serving.decoder
+    with registry.intake.receiving():
+        images, options = await _read_request(request, settings)
+        served = registry.get(options.model)
+        classifier, batcher = served.classifier, served.batcher
+        if classifier is None or batcher is None:  # READY models always have both
+            raise RuntimeError(f"model {served.key} is ready without a session")
+        _check_options(options, classifier, settings)
+        rows = await _prepare(images, classifier, decoder)
+        future = batcher.submit(rows)
+    probabilities, order = await _result_or_disconnect(future, request.receive)
+    body = {
+        "model": classifier.name,
+        "version": classifier.version,
+        "results": [{"top_k": top} for top in classifier.top_k(probabilities, order, options.top_k)],
+    }
+    return Response(json.dumps(body).encode(), media_type=JSON_TYPE)
+
+
+async def _read_request(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type == JSON_TYPE:
+        images, options = await _read_json(request, settings)
+    elif media_type == MULTIPART_TYPE:
+        images, options = await _read_multipart(request)
+    else:
+        shown = media_type or "none"
+        raise UnsupportedMediaType(f"content type {shown!r} is not accepted; send {JSON_TYPE} or {MULTIPART_TYPE}")
+    if len(images) > settings.max_images_per_request:
+        raise InvalidField(f"{len(images)} images in one request; at most {settings.max_images_per_request}")
+    return images, options
+
+
+async def _read_json(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:
+    raw = await request.body()
+    try:
+        payload = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidJSON(f"body is not valid JSON: {e}") from e
+    try:
+        parsed = ClassifyJSONRequest.model_validate(payload)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False, include_input=False)) from e
+    if len(parsed.images) > settings.max_images_per_request:
+        raise InvalidField(f"{len(parsed.images)} images in one request; at most {settings.max_images_per_request}")
+    images = [_decode_base64(text, i, settings.max_image_bytes) for i, text in enumerate(parsed.images)]
+    return images, parsed
+
+
+def _decode_base64(text: str, index: int, max_bytes: int) -> bytes:
+    if text.startswith("data:"):
+        header, _, text = text.partition(",")
+        if not header.endswith(";base64"):
+            raise InvalidBase64(f"images[{index}]: a data URL must be base64-encoded")
+    if len(text) // 4 * 3 > max_bytes + 2:
+        raise ImageTooLarge(f"images[{index}]: image exceeds the limit of {max_bytes} bytes")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        pass
+    try:  # line-wrapped output of the `base64` tool: whitespace is the only thing we forgive
+        return base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidBase64(f"images[{index}]: not valid base64 ({e})") from e
+
+
+async def _read_multipart(request: Request) -> tuple[list[bytes], ClassifyOptions]:
+    try:
+        form = await request.form(max_fields=len(FORM_OPTION_FIELDS) + 8, max_part_size=1024)
+    except StarletteHTTPException as e:
+        raise InvalidMultipart(f"malformed multipart body: {e.detail}") from e
+    try:
+        images: list[bytes] = []
+        fields: dict[str, str] = {}
+        for key, value in form.multi_items():
+            if key == "file":
+                if not isinstance(value, UploadFile):
+                    raise InvalidField("`file` must be a file part (curl -F 'file=@image.png')")
+                images.append(await value.read())
+            elif key in FORM_OPTION_FIELDS:
+                if key in fields or isinstance(value, UploadFile):
+                    raise InvalidField(f"form field {key!r} must be given once, as text")
+                fields[key] = value
+            else:
+                raise InvalidField(f"unknown form field {key!r}; expected `file` parts and {', '.join(FORM_OPTION_FIELDS)}")
+    finally:
+        await form.close()
+    if not images:
+        raise InvalidField("no `file` part in the multipart body")
+    try:
+        options = ClassifyOptions.model_validate(fields)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False, include_input=False)) from e
+    return images, options
+
+
+def _check_options(options: ClassifyOptions, classifier: Classifier, settings: Settings) -> None:
+    if options.return_attention:
+        raise InvalidField("return_attention is not available yet; omit it or send false")
+    limit = min(settings.max_top_k, len(classifier.labels))
+    if options.top_k > limit:
+        raise InvalidField(
+            f"top_k: must be at most {limit} (model {classifier.name} has {len(classifier.labels)} labels, "
+            f"the service allows {settings.max_top_k})"
+        )
+
+
+async def _prepare(images: list[bytes], classifier: Classifier, decoder: ImageDecoder) -> np.ndarray:
+    prep = classifier.preprocessing
+    pixels = []
+    for i, data in enumerate(images):
+        try:
+            pixels.append(await decoder.decode(data, prep.image_size, prep.color_mode))
+        except ServiceError as e:
+            if len(images) > 1:
+                e.message = f"images[{i}]: {e.message}"
+            raise
+    return prep.stack(pixels)
+
+
+async def _result_or_disconnect(future: asyncio.Future, receive: Receive) -> tuple[np.ndarray, np.ndarray]:
+    """The batcher's answer; if the client disconnects first, cancel the request so it is never computed."""
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, future))
+    try:
+        return await future
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", lambda: 0)()  # Task.cancelling() is Python >= 3.11
+        if future.cancelled() and not cancelling:
+            raise ClientClosedRequest("client disconnected before its answer was ready") from None
+        raise
+    finally:
+        watcher.cancel()
+
+
+async def _cancel_on_disconnect(receive: Receive, future: asyncio.Future) -> None:
+    while not future.done():
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            future.cancel()
+            return

@@ -1,0 +1,136 @@
+"""Every knob of the service, read once from ``ATTNSERVE_*`` environment variables.
+
+One class so that the README's settings table, the validation and the defaults cannot drift apart.
+Validators refuse values that would make the service unsafe (unbounded bodies, pixel bombs) or
+self-contradictory (a request larger than any batch), at startup rather than at the first request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1 << 20
+
+# Hard ceilings no configuration may exceed: past these a single request can exhaust the machine.
+MAX_BODY_CEILING = 512 * MiB
+MAX_PIXELS_CEILING = 178_956_970  # twice Pillow's own decompression-bomb threshold
+
+GraphOptimization = Literal["disabled", "basic", "extended", "all"]
+ExecutionProvider = Literal["auto", "cuda", "cpu"]
+LogFormat = Literal["json", "text"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
+
+
+class Settings(BaseSettings):
+    """Configuration of one service process. Field descriptions are the README's settings table."""
+
+    model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid", frozen=True)
+
+    # --- server -----------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (0.0.0.0 in a container).")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port.")
+    workers: int = Field(
+        1, ge=1, le=64, description="uvicorn worker processes; each loads its own copy of every model."
+    )
+    log_level: LogLevel = Field("info", description="Minimum level of the service's logs.")
+    log_format: LogFormat = Field("json", description="`json`: one JSON object per line; `text` for humans.")
+    access_log: bool = Field(True, description="Log one line per request (method, path, status, latency).")
+
+    # --- model repository and runtime ---------------------------------------------------------
+    model_repository: Path = Field(Path("models"), description="Root of the model repository (`<name>/<version>/`).")
+    default_model: str | None = Field(
+        None, description="Model used when a request names none (default: first image-classification model)."
+    )
+    execution_provider: ExecutionProvider = Field(
+        "auto", description="`auto`: CUDA when onnxruntime offers it, else CPU; `cuda` or `cpu` to force."
+    )
+    require_gpu: bool = Field(
+        False, description="Fail startup/readiness instead of falling back to the CPU when CUDA is not obtained."
+    )
+    cuda_device_id: int = Field(0, ge=0, le=63, description="GPU used by the CUDA execution provider.")
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="onnxruntime intra-op threads; 0: one per available core but one, left to the HTTP event loop.",
+    )
+    inter_op_threads: int = Field(0, ge=0, le=1024, description="onnxruntime inter-op threads (0: default).")
+    graph_optimization_level: GraphOptimization = Field("all", description="onnxruntime graph optimisation level.")
+    allow_spinning: bool = Field(
+        False,
+        description="Let idle onnxruntime threads spin; off because spinning steals the CPU the HTTP layer needs.",
+    )
+
+    # --- batching -----------------------------------------------------------------------------
+    max_batch_size: int = Field(32, ge=1, le=4096, description="Most images in one onnxruntime run.")
+    max_queue_delay_ms: float = Field(
+        2.0,
+        ge=0.0,
+        le=1000.0,
+        description="Longest a batch waits for requests already being received; an idle queue never waits.",
+    )
+    max_queue_images: int = Field(
+        512, ge=1, le=1_000_000, description="Images queued per model before requests get 503 `overloaded`."
+    )
+    retry_after_s: int = Field(1, ge=1, le=3600, description="`Retry-After` seconds sent with 503 answers.")
+
+    # --- request limits -----------------------------------------------------------------------
+    max_body_bytes: int = Field(16 * MiB, ge=1024, description="Largest request body (413 beyond).")
+    max_image_bytes: int = Field(8 * MiB, ge=64, description="Largest encoded image (413 beyond).")
+    max_image_pixels: int = Field(
+        40_000_000, ge=1, description="Largest decoded image, width x height (413 beyond; decompression-bomb guard)."
+    )
+    max_images_per_request: int = Field(32, ge=1, description="Most images in one request (422 beyond).")
+    max_top_k: int = Field(100, ge=1, le=100_000, description="Largest `top_k` a request may ask for.")
+    image_formats: tuple[str, ...] = Field(
+        DEFAULT_IMAGE_FORMATS, min_length=1, description="Pillow formats accepted (JSON list in the environment)."
+    )
+    inline_decode_max_pixels: int = Field(
+        65_536,
+        ge=0,
+        description="Images up to this many pixels are decoded on the event loop; larger ones in a thread.",
+    )
+    decode_threads: int = Field(2, ge=1, le=256, description="Threads decoding large images.")
+
+    @field_validator("image_formats", mode="after")
+    @classmethod
+    def _upper_case_formats(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(f.upper() for f in formats)
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> Settings:
+        problems = []
+        if self.max_body_bytes > MAX_BODY_CEILING:
+            problems.append(f"max_body_bytes {self.max_body_bytes} exceeds the ceiling {MAX_BODY_CEILING}")
+        if self.max_image_bytes > self.max_body_bytes:
+            problems.append("max_image_bytes must not exceed max_body_bytes")
+        if self.max_image_pixels > MAX_PIXELS_CEILING:
+            problems.append(f"max_image_pixels {self.max_image_pixels} exceeds the ceiling {MAX_PIXELS_CEILING}")
+        if self.max_images_per_request > self.max_batch_size:
+            problems.append(
+                f"max_images_per_request ({self.max_images_per_request}) must not exceed max_batch_size "
+                f"({self.max_batch_size}): a request is never split across batches"
+            )
+        if self.max_queue_images < self.max_batch_size:
+            problems.append("max_queue_images must be at least max_batch_size, or no full batch could ever form")
+        if self.require_gpu and self.execution_provider == "cpu":
+            problems.append("require_gpu contradicts execution_provider='cpu'")
+        unknown = sorted(set(self.image_formats) - _pillow_formats())
+        if unknown:
+            problems.append(f"image_formats {unknown} are not formats Pillow can decode")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def _pillow_formats() -> set[str]:
+    """Formats this Pillow build can open, so a typo in ``image_formats`` fails at startup."""
+    from PIL import Image
+
+    Image.init()
+    return set(Image.OPEN)

@@ -1,0 +1,148 @@
+"""Helpers shared by the service tests: free ports, servers (subprocess or thread), metric parsing.
+
+Kept out of conftest.py so test modules can import them by name (pytest puts this folder on
+``sys.path``); the fixtures built on them live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 60.0
+
+# Settings every test server uses unless a test overrides them: one onnxruntime thread leaves a
+# core for the test client on a 2-core machine.
+BASE_ENV = {"ATTNSERVE_INTRA_OP_THREADS": "1", "ATTNSERVE_MAX_BATCH_SIZE": "16", "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "16"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = STARTUP_TIMEOUT_S, interval: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; a generous bound, never a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"gave up waiting for {what} after {timeout:.0f} s")
+
+
+def png_bytes(pixels: np.ndarray, fmt: str = "PNG", **save_args) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format=fmt, **save_args)
+    return buf.getvalue()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` in a Prometheus text page."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+            found = True
+    return total if found else 0.0
+
+
+@dataclass
+class Server:
+    url: str
+    log_path: Path | None = None
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)
+
+    def logs(self) -> list[dict]:
+        if self.log_path is None:
+            return []
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                out.append({"message": line, "level": "raw"})
+        return out
+
+    def get(self, path: str) -> httpx.Response | None:
+        try:
+            return httpx.get(self.url + path, timeout=5.0)
+        except httpx.TransportError:
+            return None
+
+    def wait_ready(self) -> None:
+        wait_until(lambda: (r := self.get("/readyz")) is not None and r.status_code == 200, what=f"{self.url}/readyz")
+
+
+@dataclass
+class SubprocessServer(Server):
+    proc: subprocess.Popen | None = None
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def start_subprocess_server(tmp_path: Path, repository: Path, **settings: str) -> SubprocessServer:
+    port = free_port()
+    env = {
+        **os.environ, **BASE_ENV, "PYTHONPATH": str(ROOT), "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_MODEL_REPOSITORY": str(repository), "ATTNSERVE_LOG_FORMAT": "json",
+        **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()},
+    }  # fmt: skip
+    log_path = tmp_path / f"server-{port}.log"
+    log_file = open(log_path, "w")  # noqa: SIM115 - owned by the process, closed with it
+    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
+    log_file.close()
+    return SubprocessServer(url=f"http://127.0.0.1:{port}", log_path=log_path, proc=proc)
+
+
+class ThreadServer(Server):
+    """uvicorn serving ``app`` in a background thread of the test process."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        port = free_port()
+        super().__init__(url=f"http://127.0.0.1:{port}")
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="uvicorn-test", daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self._thread.start()
+        wait_until(lambda: self._server.started or not self._thread.is_alive(), what="uvicorn to start")
+        if not self._server.started:
+            raise RuntimeError("uvicorn did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)

@@ -1,0 +1,241 @@
+"""Dynamic batching: the batch-forming rules (no event loop) and the worker's one-answer-per-request contract.
+
+The worker tests give the batcher a real function to run (it doubles its input) and gate it with
+a threading.Event where a test must hold a batch in flight; nothing here measures time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from service.batching import Batcher, BatchState, Intake, QueueFull
+from service.errors import InferenceFailed, Overloaded, ShuttingDown
+
+
+@dataclass
+class Item:
+    size: int
+    abandoned: bool = False
+    tag: str = ""
+
+
+# ---- BatchState: plain object ---------------------------------------------------------------------
+def test_batches_take_whole_requests_in_arrival_order_up_to_the_limit():
+    state = BatchState(max_batch_size=8, max_queued=64)
+    items = [Item(3, tag="a"), Item(4, tag="b"), Item(2, tag="c"), Item(8, tag="d")]
+    for it in items:
+        state.admit(it)
+    batch, dropped = state.take()
+    assert [i.tag for i in batch] == ["a", "b"]  # c would make 9 > 8: it waits, order is kept
+    assert not dropped
+    assert [i.tag for i in state.take()[0]] == ["c"]
+    assert [i.tag for i in state.take()[0]] == ["d"]
+    assert state.take() == ([], []) and state.queued == 0
+
+
+def test_requests_whose_client_left_are_dropped_before_compute():
+    state = BatchState(max_batch_size=4, max_queued=16)
+    gone, kept = Item(2, abandoned=True, tag="gone"), Item(2, tag="kept")
+    state.admit(gone)
+    state.admit(kept)
+    batch, dropped = state.take()
+    assert batch == [kept] and dropped == [gone]
+    assert state.queued == 0
+
+
+def test_the_queue_is_bounded_in_images():
+    state = BatchState(max_batch_size=4, max_queued=8)
+    state.admit(Item(4))
+    state.admit(Item(4))
+    with pytest.raises(QueueFull):
+        state.admit(Item(1))
+    state.take()
+    state.admit(Item(1))  # room again once a batch left
+
+
+@pytest.mark.parametrize("size", [0, 5])
+def test_a_request_that_cannot_fit_a_batch_is_refused(size):
+    with pytest.raises(ValueError):
+        BatchState(max_batch_size=4, max_queued=8).admit(Item(size))
+
+
+@pytest.mark.parametrize(
+    "incoming, queued, waited, expected",
+    [
+        (0, 1, 0.0, False),  # nobody else on the way: an idle queue dispatches at once
+        (2, 1, 0.0, True),  # batch-mates are being received and there is room
+        (2, 1, 0.005, False),  # ... but the delay is spent
+        (2, 4, 0.0, False),  # the batch is full anyway
+    ],
+)
+def test_the_wait_for_batch_mates_depends_on_load_not_on_a_fixed_delay(incoming, queued, waited, expected):
+    state = BatchState(max_batch_size=4, max_queued=16)
+    state.admit(Item(queued))
+    assert state.should_wait(incoming, waited, max_delay=0.002) is expected
+
+
+# ---- Batcher: asyncio worker ------------------------------------------------------------------
+class Doubler:
+    """A model that doubles its input, records every batch, and can be held mid-run or made to fail."""
+
+    def __init__(self) -> None:
+        self.batches: list[np.ndarray] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.fail_when = lambda x: False
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.entered.set()
+        self.gate.wait(timeout=30)
+        self.batches.append(x.copy())
+        if self.fail_when(x):
+            raise RuntimeError("simulated onnxruntime failure")
+        return x * 2
+
+
+def rows(*values: float) -> np.ndarray:
+    return np.array(values, np.float32).reshape(-1, 1)
+
+
+def make_batcher(model: Doubler, **kw) -> Batcher:
+    args = dict(max_batch_size=8, max_queue_images=32, max_queue_delay_s=0.002, intake=Intake())
+    return Batcher("test", model, **{**args, **kw})
+
+
+async def wait_for(predicate) -> None:
+    for _ in range(3000):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError("condition never held")
+
+
+def test_every_request_gets_its_own_rows_back_and_concurrent_ones_share_a_run():
+    async def scenario():
+        model = Doubler()
+        batcher = make_batcher(model)
+        batcher.start()
+        model.gate.clear()  # hold the first batch so the others queue up behind it
+        first = batcher.submit(rows(1))
+        await asyncio.to_thread(model.entered.wait, 30)
+        others = [batcher.submit(rows(v, v + 0.5)) for v in (10, 20, 30)]
+        model.gate.set()
+        results = await asyncio.gather(first, *others)
+        await batcher.stop()
+        return model, results
+
+    model, results = asyncio.run(scenario())
+    assert np.array_equal(results[0], rows(2))
+    for v, out in zip((10, 20, 30), results[1:]):
+        assert np.array_equal(out, rows(2 * v, 2 * v + 1))
+    assert [len(b) for b in model.batches] == [1, 6]  # the three waiting requests ran together
+
+
+def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_keeps_serving():
+    async def scenario():
+        model = Doubler()
+        model.fail_when = lambda x: bool((x == -1).any())
+        batcher = make_batcher(model)
+        batcher.start()
+        bad = batcher.submit(rows(-1))
+        with pytest.raises(InferenceFailed) as failed:
+            await bad
+        good = await batcher.submit(rows(3))
+        await batcher.stop()
+        return failed.value, good
+
+    error, good = asyncio.run(scenario())
+    assert error.status == 500 and error.code == "inference_failed"
+    assert "simulated" not in error.message  # the cause stays in the server log
+    assert np.array_equal(good, rows(6))
+
+
+def test_a_cancelled_request_is_never_computed():
+    async def scenario():
+        model = Doubler()
+        batcher = make_batcher(model)
+        batcher.start()
+        model.gate.clear()
+        running = batcher.submit(rows(1))
+        await asyncio.to_thread(model.entered.wait, 30)
+        abandoned = batcher.submit(rows(99))
+        kept = batcher.submit(rows(2))
+        abandoned.cancel()  # what the route does when the client disconnects
+        model.gate.set()
+        await running
+        await kept
+        await batcher.stop()
+        return model
+
+    model = asyncio.run(scenario())
+    assert all(99 not in b for b in model.batches)
+    assert sum(len(b) for b in model.batches) == 2
+
+
+def test_a_full_queue_answers_overloaded_with_retry_after():
+    async def scenario():
+        model = Doubler()
+        batcher = make_batcher(model, max_batch_size=2, max_queue_images=4, retry_after_s=7)
+        batcher.start()
+        model.gate.clear()
+        running = batcher.submit(rows(1, 1))
+        await asyncio.to_thread(model.entered.wait, 30)
+        queued = [batcher.submit(rows(2, 2)), batcher.submit(rows(3, 3))]
+        with pytest.raises(Overloaded) as refused:
+            batcher.submit(rows(4))
+        model.gate.set()
+        await asyncio.gather(running, *queued)
+        await batcher.stop()
+        return refused.value
+
+    refused = asyncio.run(scenario())
+    assert refused.status == 503 and refused.headers == {"Retry-After": "7"}
+
+
+def test_stop_fails_what_is_still_queued_instead_of_leaving_it_hanging():
+    async def scenario():
+        model = Doubler()
+        batcher = make_batcher(model)
+        batcher.start()
+        model.gate.clear()
+        running = batcher.submit(rows(1))
+        await asyncio.to_thread(model.entered.wait, 30)
+        queued = batcher.submit(rows(2))
+        stopping = asyncio.create_task(batcher.stop())
+        await wait_for(queued.done)
+        model.gate.set()
+        await stopping
+        with pytest.raises(ShuttingDown):
+            batcher.submit(rows(3))
+        return queued, running
+
+    queued, running = asyncio.run(scenario())
+    assert isinstance(queued.exception(), ShuttingDown)
+    assert running.done()
+
+
+def test_the_worker_waits_for_requests_still_being_received_and_only_for_them():
+    async def scenario():
+        model = Doubler()
+        intake = Intake()
+        batcher = make_batcher(model, intake=intake, max_queue_delay_s=30.0)
+        batcher.start()
+        with intake.receiving():  # request B is being received while A is queued
+            a = batcher.submit(rows(1))
+            await asyncio.sleep(0.05)
+            assert not a.done()  # A waits for B: B is on its way and the batch has room
+            b = batcher.submit(rows(2))
+        await asyncio.gather(a, b)
+        alone = await batcher.submit(rows(3))  # nothing incoming: dispatched at once, no 30 s wait
+        await batcher.stop()
+        return model, alone
+
+    model, alone = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    assert [len(b) for b in model.batches] == [2, 1]
+    assert np.array_equal(alone, rows(6))

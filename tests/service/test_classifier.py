@@ -1,0 +1,100 @@
+"""The classifier: preprocessing bit-identical to the export's, softmax top-k, and the manifest contract."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from service.classifier import Classifier, Preprocessing, ranked_softmax
+from service.manifest import ManifestError, load_entry
+from service.runtime import create_session
+from service.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def entry(tiny_vit_repository):
+    return load_entry(tiny_vit_repository / "vit" / "1")
+
+
+@pytest.fixture(scope="module")
+def classifier(entry):
+    handle = create_session(entry.path / "model.onnx", Settings(intra_op_threads=1))
+    return Classifier(entry, handle)
+
+
+def test_normalisation_is_bit_identical_to_the_export(entry, fashion_test):
+    from export.vit import preprocess  # the reference; imports torch, which tests may
+
+    images, _ = fashion_test
+    prep = Preprocessing.from_manifest(entry.manifest)
+    ours = prep.normalize(prep.stack([img[..., 0] for img in images]))  # as decoded images are queued
+    reference = preprocess(images, entry.manifest["preprocessing"])
+    assert ours.dtype == np.float32 and ours.flags.c_contiguous
+    np.testing.assert_array_equal(ours, reference)
+
+
+def test_logits_match_a_plain_onnxruntime_session(classifier, entry, fashion_test):
+    images, _ = fashion_test
+    x = Preprocessing.from_manifest(entry.manifest).normalize(images[:8])
+    plain = ort.InferenceSession(str(entry.path / "model.onnx"), providers=["CPUExecutionProvider"])
+    (expected,) = plain.run(["logits"], {"pixel_values": x})
+    np.testing.assert_allclose(classifier.run(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_top_k_is_a_calibrated_softmax_best_first(classifier):
+    logits = np.array([[0.0, 2.0, 1.0] + [-5.0] * 7, [3.0] * 10], np.float32)
+    top = classifier.top_k(*ranked_softmax(logits), 3)
+    e = np.exp(logits[0].astype(np.float64) - 2.0)
+    assert [t["index"] for t in top[0]] == [1, 2, 0]
+    assert [t["label"] for t in top[0]] == [classifier.labels[i] for i in (1, 2, 0)]
+    assert top[0][0]["score"] == pytest.approx(e[1] / e.sum(), rel=1e-12)
+    full = classifier.top_k(*ranked_softmax(logits), 10)
+    assert sum(t["score"] for t in full[0]) == pytest.approx(1.0, abs=1e-12)
+    assert [t["index"] for t in top[1]] == [0, 1, 2]  # ties: lowest index first, deterministically
+    assert all(type(t["index"]) is int and type(t["score"]) is float for t in full[0])  # JSON-ready
+
+
+def test_a_batch_gets_the_same_answers_as_its_images_alone(classifier, fashion_test):
+    images, _ = fashion_test
+    probabilities, order = classifier.infer(images[:16])
+    for i in (0, 7, 15):
+        alone_p, alone_order = classifier.infer(images[i : i + 1])
+        np.testing.assert_allclose(probabilities[i], alone_p[0], atol=1e-6)
+        assert order[i][0] == alone_order[0][0]
+
+
+def test_warm_up_runs_every_batch_size(classifier, monkeypatch):
+    seen = []
+    real_run = Classifier.run
+    monkeypatch.setattr(Classifier, "run", lambda self, x: seen.append(len(x)) or real_run(self, x))
+    classifier.warm_up(12)
+    assert seen == list(range(1, 13))
+
+
+def _break(manifest: dict, how: str) -> dict:
+    m = copy.deepcopy(manifest)
+    if how == "input-name":
+        m["graphs"]["model"]["inputs"][0]["name"] = "images"
+    elif how == "input-shape":
+        m["graphs"]["model"]["inputs"][0]["shape"] = ["batch", 3, 28, 28]
+    elif how == "no-logits":
+        m["graphs"]["model"]["outputs"] = [o for o in m["graphs"]["model"]["outputs"] if o["name"] != "logits"]
+    elif how == "labels":
+        m["labels"] = m["labels"][:-1]
+    elif how == "mean":
+        m["preprocessing"]["mean"] = [0.5, 0.5, 0.5]
+    elif how == "color-mode":
+        m["preprocessing"]["color_mode"] = "RGB"
+    elif how == "task":
+        m["task"] = "translation"
+    return m
+
+
+@pytest.mark.parametrize("how", ["input-name", "input-shape", "no-logits", "labels", "mean", "color-mode", "task"])
+def test_a_manifest_that_does_not_describe_the_graph_is_refused(entry, classifier, how):
+    broken = type(entry)(entry.name, entry.version, entry.path, _break(entry.manifest, how))
+    with pytest.raises(ManifestError):
+        Classifier(broken, classifier.handle)
