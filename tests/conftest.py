@@ -44,3 +44,42 @@ def fashion_mnist():
     from model.data import load_image_dataset
 
     return load_image_dataset("fashion-mnist")
+
+
+@pytest.fixture(scope="session")
+def tiny_translation_data(tmp_path_factory) -> Path:
+    """A corpus folder (train/valid/test.tsv + spm/spm.model) of real sentence pairs from the excerpts.
+
+    The split is not held out: the fixture exercises the pipeline's mechanics, not its quality.
+    """
+    from model.translation import tokenizer as trainer
+    from model.translation.textio import write_tsv
+    from tests.model.translation.excerpts import DING_PAIRS, HELP_PAIRS, UI_PAIRS
+
+    data = tmp_path_factory.mktemp("translation")
+    pairs = DING_PAIRS + HELP_PAIRS + UI_PAIRS
+    write_tsv(data / "train.tsv", pairs)
+    write_tsv(data / "valid.tsv", pairs[::3])
+    write_tsv(data / "test.tsv", pairs[1::2])
+    (data / "spm").mkdir()
+    trainer.train_tokenizer(trainer.training_sentences(pairs), vocab_size=400).save(data / "spm" / "spm.model")
+    return data
+
+
+@pytest.fixture(scope="session")
+def tiny_translator_checkpoint(tiny_translation_data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("translator-tiny")
+    proc = run_module("model.train_translator", "--profile", "tiny", "--data", str(tiny_translation_data),
+                      "--out", str(out), "--epochs", "3", "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return out / "best.pt"
+
+
+@pytest.fixture(scope="session")
+def tiny_translator_repository(tiny_translator_checkpoint, tmp_path_factory) -> Path:
+    """A model repository ``<tmp>/models/translator/1``: the tiny translator, exported and parity-checked."""
+    repo = tmp_path_factory.mktemp("repo") / "models"
+    proc = run_module("export.translator", "--checkpoint", str(tiny_translator_checkpoint), "--repository", str(repo),
+                      "--version", "1", "--parity-sentences", "20", "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return repo

@@ -1,0 +1,274 @@
+"""Export a trained translator checkpoint to a model-repository entry ``models/translator/<version>/``.
+
+``python -m export.translator --checkpoint checkpoints/translator-default/best.pt``
+
+Two graphs and the tokenizer: ``encoder.onnx`` (run once per request: encoder output, every decoder
+layer's cross-attention keys/values, encoder self-attention) and ``decoder.onnx`` (one step with a
+key/value cache; names and layouts in ``service/decoding.py``), plus ``tokenizer.model``.
+
+Every export is checked: greedy decoding through the two onnxruntime graphs must give exactly the
+tokens of PyTorch greedy decoding on ``--parity-sentences`` test sentences, with per-step
+log-probabilities within 1e-4, or the export is refused. BLEU and chrF on the whole test split
+(greedy and beam search, through onnxruntime) and the copy-the-source baseline go in the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import sacrebleu
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from export.common import (
+    ExportError, StagedEntry, cpu_session, framework_versions, graph_io, max_abs_diff, next_version, now_iso,
+)  # fmt: skip
+from model.cli import CliError, run_cli
+from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
+from model.training import load_checkpoint
+from model.translation.textio import TextFileError, read_tsv
+from service.decoding import DecoderSpec, Graph, Hypothesis, beam_search, greedy, session_fn
+from service.tokenizer import Tokenizer
+
+ENCODER_INPUTS = ["src_ids", "src_mask"]
+ENCODER_OUTPUTS = ["memory", "cross_keys", "cross_values", "encoder_attentions"]
+DECODER_INPUTS = ["tokens", "positions", "past_keys", "past_values", "cache_mask", "cross_keys", "cross_values", "src_mask"]
+DECODER_OUTPUTS = ["log_probs", "present_keys", "present_values", "self_attentions", "cross_attentions"]
+LOG_PROB_TOL = 1e-4
+BEAM, LENGTH_PENALTY = 4, 1.0
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Seq2Seq) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor):
+        memory, attentions = self.model.encode(src_ids, src_mask, return_attention=True)
+        cross_keys, cross_values = self.model.cross_kv(memory)
+        return memory, cross_keys, cross_values, attentions
+
+
+class DecoderGraph(nn.Module):
+    def __init__(self, model: Seq2Seq) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask):
+        return self.model.decode_step(tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask)
+
+
+def example_inputs(cfg: Seq2SeqConfig, batch: int = 2, src: int = 5, past: int = 3) -> tuple[tuple, tuple]:
+    ids = torch.randint(4, cfg.vocab_size, (batch, src))
+    mask = torch.ones(batch, src, dtype=torch.bool)
+    cross = torch.zeros(cfg.decoder_layers, batch, cfg.heads, src, cfg.head_dim)
+    cache = torch.zeros(cfg.decoder_layers, batch, cfg.heads, past, cfg.head_dim)
+    step = (torch.ones(batch, 1, dtype=torch.long), torch.full((batch, 1), past, dtype=torch.long),
+            cache, cache.clone(), torch.ones(batch, past, dtype=torch.bool), cross, cross.clone(), mask)  # fmt: skip
+    return (ids, mask), step
+
+
+def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
+    model.eval()
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    src = torch.export.Dim("src_len", min=1, max=model.cfg.max_positions)
+    past = torch.export.Dim("past_len", min=0, max=model.cfg.max_positions)
+    enc_args, dec_args = example_inputs(model.cfg)
+    kv = {1: batch, 3: src}
+    torch.onnx.export(
+        EncoderGraph(model), enc_args, dynamo=True, opset_version=opset, external_data=False,
+        input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
+        dynamic_shapes={"src_ids": {0: batch, 1: src}, "src_mask": {0: batch, 1: src}},
+    ).save(str(folder / "encoder.onnx"))  # fmt: skip
+    torch.onnx.export(
+        DecoderGraph(model), dec_args, dynamo=True, opset_version=opset, external_data=False,
+        input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
+        dynamic_shapes={"tokens": {0: batch}, "positions": {0: batch}, "past_keys": {1: batch, 3: past},
+                        "past_values": {1: batch, 3: past}, "cache_mask": {0: batch, 1: past},
+                        "cross_keys": kv, "cross_values": kv, "src_mask": {0: batch, 1: src}},
+    ).save(str(folder / "decoder.onnx"))  # fmt: skip
+
+
+def torch_fn(module: nn.Module, inputs: list[str], outputs: list[str]) -> Graph:
+    """A PyTorch module as the same name -> array callable as an onnxruntime session."""
+
+    @torch.no_grad()
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = module(*(torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in inputs))
+        return {n: r.numpy() for n, r in zip(outputs, result)}
+
+    return run
+
+
+def decoder_spec(cfg: Seq2SeqConfig) -> DecoderSpec:
+    return DecoderSpec(cfg.decoder_layers, cfg.heads, cfg.head_dim, cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.max_positions)
+
+
+def batched(sources: list[list[int]], size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar source length."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[list[int]], batch_size: int = 32) -> dict:
+    """Greedy tokens of ORT vs pure-PyTorch decoding, and per-step log-prob drift vs the PyTorch graphs."""
+    spec = decoder_spec(model.cfg)
+    t_enc = torch_fn(EncoderGraph(model).eval(), ENCODER_INPUTS, ENCODER_OUTPUTS)
+    t_dec = torch_fn(DecoderGraph(model).eval(), DECODER_INPUTS, DECODER_OUTPUTS)
+    report = {"sentences": len(sources), "identical_tokens": 0, "max_abs_log_probs": 0.0, "first_mismatch": None}
+    for idx in batched(sources, batch_size):
+        batch = [sources[i] for i in idx]
+        onnx_hyps = greedy(encoder, decoder, batch, spec, record=True)
+        torch_hyps = greedy(t_enc, t_dec, batch, spec, record=True)
+        width = max(len(s) for s in batch)
+        src = torch.tensor([s + [spec.pad_id] * (width - len(s)) for s in batch])
+        reference = greedy_decode(model, src, max_len=max(spec.max_length(len(s)) for s in batch))
+        for i, o, t, ref in zip(idx, onnx_hyps, torch_hyps, reference):
+            ref = ref[: spec.max_length(len(sources[i]))]
+            if o.tokens == ref == t.tokens:
+                report["identical_tokens"] += 1
+            elif report["first_mismatch"] is None:
+                report["first_mismatch"] = {"index": i, "onnx": o.tokens, "pytorch": ref}
+            for a, b in zip(o.step_log_probs, t.step_log_probs):
+                report["max_abs_log_probs"] = max(report["max_abs_log_probs"], max_abs_diff(a, b))
+    return report
+
+
+def check_parity(report: dict, tol: float = LOG_PROB_TOL) -> None:
+    problems = []
+    if report["identical_tokens"] != report["sentences"]:
+        problems.append(f"greedy tokens differ on {report['sentences'] - report['identical_tokens']} sentences "
+                        f"(first: {report['first_mismatch']})")  # fmt: skip
+    if report["max_abs_log_probs"] > tol:
+        problems.append(f"max |dlog_probs| {report['max_abs_log_probs']:.2e} > {tol:.0e}")
+    if problems:
+        raise ExportError("ONNX/PyTorch parity check failed: " + "; ".join(problems))
+
+
+def translate_all(encoder: Graph, decoder: Graph, sources: list[list[int]], spec: DecoderSpec, tok: Tokenizer,
+                  beam: int, progress: bool, batch_size: int = 64) -> tuple[list[str], float]:  # fmt: skip
+    out: list[str] = [""] * len(sources)
+    start = time.perf_counter()
+    for idx in tqdm(batched(sources, batch_size), desc=f"test set, beam {beam}", disable=not progress, leave=False):
+        batch = [sources[i] for i in idx]
+        hyps: list[Hypothesis] = greedy(encoder, decoder, batch, spec) if beam == 1 else beam_search(
+            encoder, decoder, batch, spec, beam=beam, length_penalty=LENGTH_PENALTY)
+        for i, h in zip(idx, hyps):
+            out[i] = tok.decode(h.tokens)
+    return out, time.perf_counter() - start
+
+
+def score(hyps: list[str], refs: list[str]) -> dict:
+    return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2), "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)}
+
+
+def evaluate(encoder: Graph, decoder: Graph, spec: DecoderSpec, tok: Tokenizer, pairs: list[tuple[str, str]],
+             progress: bool) -> dict:  # fmt: skip
+    sources = tok.encode_batch([s for s, _ in pairs], add_eos=True)
+    refs = [t for _, t in pairs]
+    result = {"split": "test", "sentences": len(pairs), "copy_source": score([s for s, _ in pairs], refs)}
+    for name, beam in (("greedy", 1), (f"beam{BEAM}", BEAM)):
+        hyps, seconds = translate_all(encoder, decoder, sources, spec, tok, beam, progress)
+        result[name] = {**score(hyps, refs), "seconds": round(seconds, 1), "beam": beam}
+        if beam == 1:
+            result["examples"] = [{"source": s, "reference": r, "greedy": h} for (s, r), h in list(zip(pairs, hyps))[:8]]
+    result["sacrebleu"] = sacrebleu.__version__
+    return result
+
+
+def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: dict, evaluation: dict) -> dict:
+    cfg = Seq2SeqConfig.from_dict(ckpt["config"])
+    enc, dec = graph_io(folder / "encoder.onnx"), graph_io(folder / "decoder.onnx")
+    return {
+        "name": name,
+        "version": version,
+        "task": "translation",
+        "created_at": now_iso(),
+        "framework": framework_versions(enc["opset"]),
+        "languages": {"source": "en", "target": "de"},
+        "model": {"architecture": "Seq2Seq", "config": cfg.to_dict(), "parameters": Seq2Seq(cfg).num_parameters()},
+        "graphs": {"encoder": {"file": "encoder.onnx", **enc}, "decoder": {"file": "decoder.onnx", **dec}},
+        "tokenizer": {"file": "tokenizer.model", "library": "sentencepiece", "special_ids": ckpt["tokenizer"]["special_ids"],
+                      "vocab_size": ckpt["tokenizer"]["vocab_size"], "normalization": "service.tokenizer.normalize_text"},
+        "decoding": {"cache_layout": ["layer", "batch", "head", "position", "head_dim"], "layers": cfg.decoder_layers,
+                     "heads": cfg.heads, "head_dim": cfg.head_dim, "max_positions": cfg.max_positions,
+                     "max_length": "min(max_positions, 1.5 * source_tokens + 10)", "beam": BEAM,
+                     "length_penalty": LENGTH_PENALTY, "scores": "log_probs"},
+        "attention": {
+            "encoder": {"output": "encoder_attentions", "layout": ["batch", "layer", "head", "query", "key"],
+                        "layers": cfg.encoder_layers},
+            "decoder_cross": {"output": "cross_attentions", "layout": ["batch", "layer", "head", "source"],
+                              "layers": cfg.decoder_layers},
+            "decoder_self": {"output": "self_attentions", "layout": ["batch", "layer", "head", "target"],
+                             "layers": cfg.decoder_layers},
+            "heads": cfg.heads,
+        },
+        "evaluation": {**evaluation, "parity": {**parity, "log_probs_tolerance": LOG_PROB_TOL}},
+        "training": ckpt["training"],
+    }  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m export.translator", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/translator-default/best.pt"))
+    p.add_argument("--data", type=Path, help="corpus folder holding test.tsv (default: the one it was trained on)")
+    p.add_argument("--repository", type=Path, default=Path("models"))
+    p.add_argument("--name", default="translator")
+    p.add_argument("--version", help="default: one more than the highest existing version")
+    p.add_argument("--force", action="store_true", help="replace an existing version")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--parity-sentences", type=int, default=200)
+    p.add_argument("--max-test", type=int, help="evaluate on only the first N test pairs (smoke tests)")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.opset < 17:
+        raise CliError(f"opset must be >= 17, got {args.opset}")
+    ckpt = load_checkpoint(args.checkpoint)
+    if "tokenizer" not in ckpt:
+        raise CliError(f"{args.checkpoint} has no training metadata (an unfinished run?); finish it with --resume")
+    cfg = Seq2SeqConfig.from_dict(ckpt["config"])
+    model = Seq2Seq(cfg).eval()
+    model.load_state_dict(ckpt["state_dict"])
+    tok = Tokenizer.from_bytes(ckpt["tokenizer"]["model"])
+    data = args.data or Path(ckpt["training"]["data"])
+    try:
+        pairs, _ = read_tsv(data / "test.tsv")
+    except TextFileError as e:
+        raise CliError(f"{e} (pass --data with the corpus folder)") from None
+    pairs = pairs[: args.max_test] if args.max_test else pairs
+    if not pairs:
+        raise CliError(f"{data / 'test.tsv'} holds no sentence pairs")
+    version = args.version or next_version(args.repository, args.name)
+
+    stage = StagedEntry(args.repository, args.name, version, args.force)
+    try:
+        print(f"exporting {args.checkpoint} -> {stage.final}", file=sys.stderr)
+        export_graphs(model, stage.dir, args.opset)
+        tok.save(stage.dir / "tokenizer.model")
+        encoder, decoder = (session_fn(cpu_session(stage.dir / f)) for f in ("encoder.onnx", "decoder.onnx"))
+        sources = tok.encode_batch([s for s, _ in pairs[: args.parity_sentences]], add_eos=True)
+        parity = parity_report(model, encoder, decoder, sources)
+        check_parity(parity)
+        evaluation = evaluate(encoder, decoder, decoder_spec(cfg), tok, pairs, not args.no_progress)
+        final = stage.commit(build_manifest(ckpt, args.name, version, stage.dir, parity, evaluation))
+    except BaseException:
+        stage.abort()
+        raise
+    print(f"wrote {final}: parity {parity['identical_tokens']}/{parity['sentences']} identical, max |dlog_probs| "
+          f"{parity['max_abs_log_probs']:.1e}; test BLEU greedy {evaluation['greedy']['bleu']} beam "
+          f"{evaluation[f'beam{BEAM}']['bleu']}, chrF {evaluation[f'beam{BEAM}']['chrf']} "
+          f"(copy baseline BLEU {evaluation['copy_source']['bleu']})", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,259 @@
+"""Train the English->German encoder-decoder Transformer: ``python -m model.train_translator``.
+
+Reads ``train.tsv``/``valid.tsv`` and the SentencePiece model of a corpus folder (built by
+``python -m model.translation.corpus`` then ``python -m model.translation.tokenizer``), trains with
+label-smoothed cross-entropy, AdamW and an inverse-square-root warmup schedule on batches made by
+token budget with length bucketing, keeps the checkpoint with the best validation loss
+(``best.pt``) and a resumable one (``last.pt``: weights, optimiser, RNG and position in the epoch),
+and writes ``metrics.json``. ``--resume`` continues an interrupted or finished run where it stopped;
+``--time-limit`` ends a run cleanly after so many minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from model.cli import CliError, run_cli
+from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
+from model.training import inverse_sqrt, load_checkpoint, save_checkpoint, seed_everything
+from model.translation.batching import Example, encode_pairs, make_batches, pad_batch
+from model.translation.textio import TextFileError, read_tsv
+from service.tokenizer import Tokenizer, TokenizerError
+
+PROFILES = {
+    "tiny": dict(
+        config=Seq2SeqConfig(dim=32, encoder_layers=1, decoder_layers=1, heads=2, ffn_dim=64, dropout=0.0),
+        epochs=1, max_tokens=1024, lr=3e-3, warmup_steps=20, label_smoothing=0.0, max_train=400, max_length=64,
+        precision="fp32",
+    ),
+    "default": dict(
+        config=Seq2SeqConfig(dim=256, encoder_layers=4, decoder_layers=2, heads=4, ffn_dim=1024, dropout=0.1),
+        epochs=40, max_tokens=4096, lr=1e-3, warmup_steps=600, label_smoothing=0.1, max_train=None, max_length=128,
+        precision="auto",
+    ),
+}  # fmt: skip
+HPARAMS = ("epochs", "max_tokens", "lr", "warmup_steps", "label_smoothing", "max_train", "max_length", "precision")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m model.train_translator", description=__doc__.splitlines()[0])
+    p.add_argument("--profile", choices=sorted(PROFILES), default="default")
+    p.add_argument("--data", type=Path, default=Path("data/translation"), help="corpus folder (default: %(default)s)")
+    p.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: <data>/spm/spm.model)")
+    p.add_argument("--out", type=Path, help="checkpoint folder (default: checkpoints/translator-<profile>)")
+    p.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    p.add_argument("--time-limit", type=float, help="stop cleanly after this many minutes (resumable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    for name in ("epochs", "max_tokens", "warmup_steps", "max_train", "max_length"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int)
+    for name in ("lr", "label_smoothing"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=float)
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], help="bf16 autocast (auto: where the CPU has it)")
+    for name in ("dim", "encoder_layers", "decoder_layers", "heads", "ffn_dim"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, help="model config override")
+    p.add_argument("--dropout", type=float)
+    p.add_argument("--norm", choices=["pre", "post"])
+    p.add_argument("--bleu-sentences", type=int, default=300, help="validation sentences decoded each epoch")
+    p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (smoke tests)")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def resolve_hparams(args: argparse.Namespace, vocab_size: int) -> dict:
+    hp = dict(PROFILES[args.profile])
+    for key in HPARAMS:
+        if getattr(args, key, None) is not None:
+            hp[key] = getattr(args, key)
+    overrides = {k: getattr(args, k) for k in ("dim", "encoder_layers", "decoder_layers", "heads", "ffn_dim", "dropout", "norm")}
+    try:
+        hp["config"] = replace(hp["config"], vocab_size=vocab_size, **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as e:
+        raise CliError(f"bad model configuration: {e}") from None
+    if hp["epochs"] < 1 or hp["max_tokens"] < hp["max_length"] or hp["lr"] <= 0 or hp["warmup_steps"] < 1:
+        raise CliError("need epochs >= 1, max-tokens >= max-length, lr > 0 and warmup-steps >= 1")
+    if hp["precision"] == "auto":
+        hp["precision"] = "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+    return hp
+
+
+def load_split(data: Path, split: str) -> list[tuple[str, str]]:
+    try:
+        pairs, bad = read_tsv(data / f"{split}.tsv")
+    except TextFileError as e:
+        raise CliError(f"{e} (build the corpus first: python -m model.translation.corpus --out {data})") from None
+    if bad.total:
+        print(f"{split}.tsv: skipped {bad.summary()}", file=sys.stderr)
+    if not pairs:
+        raise CliError(f"{data / f'{split}.tsv'} holds no sentence pairs")
+    return pairs
+
+
+def batch_loss(model: Seq2Seq, batch: list[Example], hp: dict, smoothing: float) -> tuple[torch.Tensor, int]:
+    src, tgt = pad_batch(batch, model.cfg.pad_id)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=hp["precision"] == "bf16"):
+        logits = model(src, tgt[:, :-1])
+    gold = tgt[:, 1:]
+    loss = F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=model.cfg.pad_id,
+                           label_smoothing=smoothing, reduction="sum")  # fmt: skip
+    return loss, int((gold != model.cfg.pad_id).sum())
+
+
+@torch.no_grad()
+def validate(model: Seq2Seq, batches: list[list[Example]], hp: dict) -> float:
+    """Mean per-token cross-entropy (no smoothing) over the validation batches."""
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in batches:
+        loss, n = batch_loss(model, batch, hp, 0.0)
+        total, tokens = total + loss.item(), tokens + n
+    return total / tokens
+
+
+def greedy_bleu(model: Seq2Seq, examples: list[Example], refs: list[str], tok: Tokenizer) -> tuple[float, float]:
+    hyps = []
+    for i in range(0, len(examples), 64):
+        src, _ = pad_batch(examples[i : i + 64], model.cfg.pad_id)
+        hyps += [tok.decode(ids) for ids in greedy_decode(model, src, max_len=int(src.shape[1] * 1.5) + 10)]
+    return sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score
+
+
+def build_optimizer(model: Seq2Seq, hp: dict) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+                            lr=hp["lr"], betas=(0.9, 0.98), eps=1e-9)  # fmt: skip
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt(s, hp["warmup_steps"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    seed_everything(args.seed)
+    out = args.out or Path("checkpoints") / f"translator-{args.profile}"
+    try:
+        tok = Tokenizer.load(args.tokenizer or args.data / "spm" / "spm.model")
+    except TokenizerError as e:
+        raise CliError(f"{e} (train it: python -m model.translation.tokenizer --data {args.data})") from None
+    hp = resolve_hparams(args, tok.vocab_size)
+    cfg: Seq2SeqConfig = hp["config"]
+    train_pairs, valid_pairs = load_split(args.data, "train"), load_split(args.data, "valid")
+    if hp["max_train"]:
+        train_pairs, valid_pairs = train_pairs[: hp["max_train"]], valid_pairs[: max(50, hp["max_train"] // 5)]
+    train, dropped = encode_pairs(tok, train_pairs, hp["max_length"])
+    valid, _ = encode_pairs(tok, valid_pairs, hp["max_length"])
+    if not train:
+        raise CliError(f"no training pair is at most {hp['max_length']} tokens long")
+    valid_batches = make_batches(valid, hp["max_tokens"], None)
+    bleu_examples = [ex for ex in valid[: args.bleu_sentences]]
+    bleu_refs = [valid_pairs[ex.index][1] for ex in bleu_examples]
+
+    model = Seq2Seq(cfg)
+    opt, sched = build_optimizer(model, hp)
+    state = {"epoch": 0, "batch": 0, "step": 0, "seconds": 0.0, "best": None, "history": []}
+    if args.resume:
+        ckpt = load_checkpoint(out / "last.pt")
+        model.load_state_dict(ckpt["state_dict"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        torch.set_rng_state(ckpt["rng"])
+        state = ckpt["state"]
+    tokens_per_epoch = sum(len(ex.src) + len(ex.tgt) for ex in train)
+    print(
+        f"Seq2Seq {model.num_parameters():,} parameters | {len(train)} train pairs ({dropped} longer than "
+        f"{hp['max_length']} tokens left out), {len(valid)} valid | {tokens_per_epoch:,} tokens/epoch | "
+        f"{hp['precision']} | {'resuming at epoch ' + str(state['epoch'] + 1) if args.resume else 'from scratch'}",
+        file=sys.stderr,
+    )
+
+    def save_last() -> None:
+        save_checkpoint(out / "last.pt", {"state_dict": model.state_dict(), "optimizer": opt.state_dict(),
+                                          "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
+                                          "state": state, "config": cfg.to_dict()})  # fmt: skip
+
+    start, stop_reason = time.time() - state["seconds"], None
+    deadline = start + args.time_limit * 60 if args.time_limit else None
+    while state["epoch"] < hp["epochs"] and stop_reason is None:
+        epoch = state["epoch"]
+        batches = make_batches(train, hp["max_tokens"], torch.Generator().manual_seed(args.seed * 100_003 + epoch))
+        model.train()
+        bar = tqdm(range(state["batch"], len(batches)), desc=f"epoch {epoch + 1}/{hp['epochs']}",
+                   disable=args.no_progress, leave=False)  # fmt: skip
+        losses, last_save = [], time.time()
+        for i in bar:
+            loss, n = batch_loss(model, batches[i], hp, hp["label_smoothing"])
+            opt.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item() / n)
+            state["step"], state["batch"] = state["step"] + 1, i + 1
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
+            now = time.time()
+            state["seconds"] = now - start
+            if args.max_steps and state["step"] >= args.max_steps:
+                stop_reason = f"--max-steps {args.max_steps}"
+            elif deadline and now >= deadline:
+                stop_reason = f"--time-limit {args.time_limit} min"
+            if stop_reason:
+                break
+            if now - last_save > 600:  # a mid-epoch resume point every 10 minutes
+                save_last()
+                last_save = now
+        if state["batch"] >= len(batches):
+            val_loss = validate(model, valid_batches, hp)
+            bleu, chrf = greedy_bleu(model, bleu_examples, bleu_refs, tok)
+            record = {"epoch": epoch + 1, "step": state["step"], "seconds": round(time.time() - start, 1),
+                      "train_loss": float(np.mean(losses)) if losses else None, "val_loss": val_loss,
+                      "val_bleu": bleu, "val_chrf": chrf}  # fmt: skip
+            state["history"].append(record)
+            print(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} "
+                  f"val greedy BLEU {bleu:.2f} chrF {chrf:.2f} ({record['seconds']:.0f} s)", file=sys.stderr)  # fmt: skip
+            if state["best"] is None or val_loss < state["best"]["val_loss"]:
+                state["best"] = record
+                save_checkpoint(out / "best.pt", {"state_dict": model.state_dict()})
+            state["epoch"], state["batch"] = epoch + 1, 0
+        state["seconds"] = time.time() - start
+        save_last()
+    if state["best"] is None:
+        raise CliError(f"stopped ({stop_reason}) before the first epoch ended; continue with --resume")
+
+    meta = {
+        "task": "translation",
+        "architecture": "Seq2Seq",
+        "config": cfg.to_dict(),
+        "tokenizer": {"model": tok.to_bytes(), "special_ids": tok.special.as_dict(), "vocab_size": tok.vocab_size},
+        "training": {
+            "data": str(args.data), "train_pairs": len(train), "valid_pairs": len(valid), "left_out_long": dropped,
+            "seed": args.seed, "threads": args.threads, "profile": args.profile,
+            "command": "python -m model.train_translator " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "hyperparameters": {k: hp[k] for k in HPARAMS}, "steps": state["step"],
+            "epochs_done": state["epoch"], "training_seconds": round(state["seconds"], 1),
+            "stopped_by": stop_reason or "epochs", "best_epoch": state["best"]["epoch"],
+            "val_loss": state["best"]["val_loss"], "history": state["history"], "torch": torch.__version__,
+        },
+    }  # fmt: skip
+    best = torch.load(out / "best.pt", weights_only=False)
+    save_checkpoint(out / "best.pt", {"state_dict": best["state_dict"], **meta})
+    meta.pop("tokenizer")
+    (out / "metrics.json").write_text(json.dumps(meta, indent=2))
+    print(f"best epoch {meta['training']['best_epoch']} (val loss {meta['training']['val_loss']:.4f}); "
+          f"wrote {out / 'best.pt'}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,93 @@
+"""Exporting the translator: two graphs + tokenizer, verified by greedy parity, described by the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.common import ExportError
+from export.translator import check_parity, decoder_spec, export_graphs, parity_report
+from model.seq2seq import Seq2Seq, Seq2SeqConfig
+from service.decoding import session_fn
+from service.manifest import load_entry
+from service.tokenizer import Tokenizer
+from tests.conftest import run_module
+
+
+@pytest.fixture(scope="module")
+def entry(tiny_translator_repository):
+    return load_entry(tiny_translator_repository / "translator" / "1")
+
+
+def test_the_entry_lists_every_file_with_its_sha256(entry):
+    m = entry.manifest
+    assert m["task"] == "translation" and set(m["files"]) == {"encoder.onnx", "decoder.onnx", "tokenizer.model"}
+    assert m["tokenizer"]["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
+    assert Tokenizer.load(entry.path / "tokenizer.model").vocab_size == m["tokenizer"]["vocab_size"] == 400
+
+
+def test_graph_names_and_dynamic_axes_are_recorded(entry):
+    enc, dec = entry.manifest["graphs"]["encoder"], entry.manifest["graphs"]["decoder"]
+    assert [i["name"] for i in enc["inputs"]] == ["src_ids", "src_mask"]
+    assert [o["name"] for o in enc["outputs"]] == ["memory", "cross_keys", "cross_values", "encoder_attentions"]
+    assert [i["name"] for i in dec["inputs"]] == ["tokens", "positions", "past_keys", "past_values", "cache_mask",
+                                                  "cross_keys", "cross_values", "src_mask"]  # fmt: skip
+    assert [o["name"] for o in dec["outputs"]] == ["log_probs", "present_keys", "present_values",
+                                                   "self_attentions", "cross_attentions"]  # fmt: skip
+    past = next(i for i in dec["inputs"] if i["name"] == "past_keys")["shape"]
+    assert isinstance(past[1], str) and isinstance(past[3], str)  # batch and cache length are dynamic
+    assert [i["dtype"] for i in dec["inputs"]][:2] == ["int64", "int64"] and dec["inputs"][4]["dtype"] == "bool"
+
+
+def test_parity_and_evaluation_are_recorded(entry):
+    ev = entry.manifest["evaluation"]
+    assert ev["parity"]["identical_tokens"] == ev["parity"]["sentences"] == min(20, ev["sentences"]) > 0
+    assert ev["parity"]["max_abs_log_probs"] <= 1e-4
+    for key in ("greedy", "beam4", "copy_source"):
+        assert 0 <= ev[key]["bleu"] <= 100 and 0 <= ev[key]["chrf"] <= 100
+    assert ev["sentences"] > 0 and ev["examples"][0]["source"] and "greedy" in ev["examples"][0]
+
+
+def test_encoder_outputs_for_a_padded_batch(entry):
+    sess = ort.InferenceSession(str(entry.path / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.array([[40, 41, 42, 2], [50, 2, 0, 0]], dtype=np.int64)
+    memory, ck, cv, attn = sess.run(None, {"src_ids": ids, "src_mask": ids != 0})
+    cfg = entry.manifest["model"]["config"]
+    heads, layers = cfg["heads"], cfg["decoder_layers"]
+    assert memory.shape == (2, 4, cfg["dim"]) and ck.shape == cv.shape == (layers, 2, heads, 4, cfg["dim"] // heads)
+    assert attn.shape == (2, cfg["encoder_layers"], heads, 4, 4)
+    np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-5)
+    assert np.abs(attn[1, ..., 2:]).max() == 0
+
+
+def test_parity_check_refuses_graphs_that_drift(tiny_translator_checkpoint, tmp_path):
+    ckpt = torch.load(tiny_translator_checkpoint, weights_only=False)
+    model = Seq2Seq(Seq2SeqConfig.from_dict(ckpt["config"])).eval()
+    model.load_state_dict(ckpt["state_dict"])
+    export_graphs(model, tmp_path)
+    with torch.no_grad():
+        model.out.weight.add_(torch.randn_like(model.out.weight))  # PyTorch no longer matches the graphs
+    graphs = [session_fn(ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]))
+              for f in ("encoder.onnx", "decoder.onnx")]  # fmt: skip
+    sources = [[40, 41, 2], [50, 51, 52, 2]]
+    report = parity_report(model, *graphs, sources)
+    assert report["max_abs_log_probs"] > 1e-2
+    with pytest.raises(ExportError, match="parity check failed"):
+        check_parity(report)
+    assert decoder_spec(model.cfg).layers == model.cfg.decoder_layers
+
+
+def test_cli_errors(tiny_translator_checkpoint, tmp_path):
+    proc = run_module("export.translator", "--checkpoint", str(tmp_path / "none.pt"), "--repository", str(tmp_path))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    last = tiny_translator_checkpoint.parent / "last.pt"
+    proc = run_module("export.translator", "--checkpoint", str(last), "--repository", str(tmp_path))
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    proc = run_module("export.translator", "--checkpoint", str(tiny_translator_checkpoint), "--repository",
+                      str(tmp_path), "--data", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 2 and "test.tsv" in proc.stderr and "Traceback" not in proc.stderr
+    assert not any((tmp_path / "translator").glob("*")) if (tmp_path / "translator").exists() else True

@@ -1,0 +1,80 @@
+"""The translator's training CLI: a tiny run end to end, resuming, time limits and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from model.cli import run_cli
+from model.train_translator import main
+from tests.conftest import run_module
+
+
+def train(*args: str) -> None:
+    with pytest.raises(SystemExit) as done:
+        run_cli(main, ["--profile", "tiny", "--no-progress", *args])
+    assert done.value.code == 0
+
+
+def test_tiny_run_writes_a_checkpoint_with_everything_export_needs(tiny_translator_checkpoint):
+    ckpt = torch.load(tiny_translator_checkpoint, weights_only=False)
+    assert ckpt["task"] == "translation" and ckpt["config"]["vocab_size"] == 400
+    assert ckpt["tokenizer"]["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
+    t = ckpt["training"]
+    assert t["epochs_done"] == 3 and len(t["history"]) == 3 and t["stopped_by"] == "epochs"
+    assert t["history"][-1]["train_loss"] < t["history"][0]["train_loss"]
+    metrics = json.loads((tiny_translator_checkpoint.parent / "metrics.json").read_text())
+    assert metrics["training"]["best_epoch"] == t["best_epoch"] and "val_bleu" in metrics["training"]["history"][0]
+
+
+def test_resuming_gives_the_same_weights_as_one_run(tiny_translation_data, tmp_path):
+    data = ["--data", str(tiny_translation_data), "--dropout", "0.1"]
+    train(*data, "--out", str(tmp_path / "once"), "--epochs", "3")
+    train(*data, "--out", str(tmp_path / "twice"), "--epochs", "1")
+    train(*data, "--out", str(tmp_path / "twice"), "--epochs", "3", "--resume")
+    once = torch.load(tmp_path / "once" / "last.pt", weights_only=False)
+    twice = torch.load(tmp_path / "twice" / "last.pt", weights_only=False)
+    assert twice["state"]["epoch"] == 3 and twice["state"]["step"] == once["state"]["step"]
+    for name, tensor in once["state_dict"].items():
+        assert torch.equal(tensor, twice["state_dict"][name]), name
+
+
+def test_a_run_stopped_mid_epoch_resumes_where_it_stopped(tiny_translation_data, tmp_path):
+    data = ["--data", str(tiny_translation_data), "--max-tokens", "256", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(main, ["--profile", "tiny", "--no-progress", *data, "--max-steps", "2"])
+    assert stopped.value.code == 2  # nothing to evaluate yet: says so, and how to continue
+    last = torch.load(tmp_path / "last.pt", weights_only=False)
+    assert last["state"]["step"] == 2 and last["state"]["batch"] == 2
+    train(*data, "--resume")
+    assert torch.load(tmp_path / "last.pt", weights_only=False)["state"]["epoch"] == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--data", "{tmp}/nowhere"], "python -m model.translation.tokenizer"),
+        (["--data", "{data}", "--tokenizer", "{tmp}/x.model"], "No such file"),
+        (["--data", "{data}", "--dim", "33"], "bad model configuration"),
+        (["--data", "{data}", "--max-tokens", "8"], "max-tokens >= max-length"),
+        (["--data", "{empty}"], "holds no sentence pairs"),
+        (["--data", "{data}", "--out", "{tmp}/new", "--resume"], "does not exist"),
+    ],
+)
+def test_cli_errors_are_one_clear_line(args, message, tiny_translation_data, tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "spm").mkdir(parents=True)
+    (empty / "spm" / "spm.model").write_bytes((tiny_translation_data / "spm" / "spm.model").read_bytes())
+    (empty / "train.tsv").write_text("no tab here\n\n")
+    subs = {"{tmp}": str(tmp_path), "{data}": str(tiny_translation_data), "{empty}": str(empty)}
+
+    def fill(arg: str) -> str:
+        for key, value in subs.items():
+            arg = arg.replace(key, value)
+        return arg
+
+    proc = run_module("model.train_translator", "--profile", "tiny", *map(fill, args))
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
