@@ -9,7 +9,7 @@ RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help install install-dev data train export models serve test test-all bench clean
+.PHONY: help install install-dev data corpus train export train-translator export-translator models serve test test-all bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -40,7 +40,17 @@ train: install-dev  ## train the ViT (PROFILE=default|tiny)
 export: install-dev  ## export the trained ViT into $(MODELS)/vit/1 (parity-checked)
 	$(BIN)/python -m export.vit --checkpoint checkpoints/vit-$(PROFILE)/best.pt --repository $(MODELS) --version 1 --force
 
-models: train export  ## rebuild the shipped model repository from scratch
+corpus: install-dev  ## English-German corpus from Debian packages + its SentencePiece tokenizer (data/translation)
+	$(BIN)/python -m model.translation.corpus --out data/translation
+	$(BIN)/python -m model.translation.tokenizer --data data/translation
+
+train-translator: install-dev  ## train the translator (PROFILE=default|tiny; resume with ARGS=--resume)
+	$(BIN)/python -m model.train_translator --profile $(PROFILE) $(ARGS)
+
+export-translator: install-dev  ## export the trained translator into $(MODELS)/translator/1 (parity-checked)
+	$(BIN)/python -m export.translator --checkpoint checkpoints/translator-$(PROFILE)/best.pt --repository $(MODELS) --version 1 --force
+
+models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 
 serve: install  ## serve $(MODELS) on :8000 (CPU; see README for GPU)
 	ATTNSERVE_MODEL_REPOSITORY=$(MODELS) $(BIN)/python -m service

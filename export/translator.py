@@ -2,9 +2,11 @@
 
 ``python -m export.translator --checkpoint checkpoints/translator-default/best.pt``
 
-Two graphs and the tokenizer: ``encoder.onnx`` (run once per request: encoder output, every decoder
-layer's cross-attention keys/values, encoder self-attention) and ``decoder.onnx`` (one step with a
-key/value cache; names and layouts in ``service/decoding.py``), plus ``tokenizer.model``.
+Three graphs and the tokenizer: ``encoder.onnx`` (run once per request: encoder output, every
+decoder layer's cross-attention keys/values, encoder self-attention), ``decoder.onnx`` (one step
+with a key/value cache; names and layouts in ``service/decoding.py``), ``decoder_prefix.onnx`` (a
+whole target prefix without a cache: scores and attention maps of a finished translation in one
+run, and the uncached baseline of the benchmark), plus ``tokenizer.model``.
 
 Every export is checked: greedy decoding through the two onnxruntime graphs must give exactly the
 tokens of PyTorch greedy decoding on ``--parity-sentences`` test sentences, with per-step
@@ -39,6 +41,9 @@ ENCODER_INPUTS = ["src_ids", "src_mask"]
 ENCODER_OUTPUTS = ["memory", "cross_keys", "cross_values", "encoder_attentions"]
 DECODER_INPUTS = ["tokens", "positions", "past_keys", "past_values", "cache_mask", "cross_keys", "cross_values", "src_mask"]
 DECODER_OUTPUTS = ["log_probs", "present_keys", "present_values", "self_attentions", "cross_attentions"]
+PREFIX_INPUTS = ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
+PREFIX_OUTPUTS = ["log_probs", "self_attentions", "cross_attentions"]
+ATTENTION_TOL = 1e-5
 LOG_PROB_TOL = 1e-4
 BEAM, LENGTH_PENALTY = 4, 1.0
 
@@ -63,6 +68,19 @@ class DecoderGraph(nn.Module):
         return self.model.decode_step(tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask)
 
 
+class PrefixDecoderGraph(nn.Module):
+    """The whole target prefix in one run, without a cache: scoring a given translation, its attention
+    maps in one pass, and the uncached baseline of the decoding benchmark."""
+
+    def __init__(self, model: Seq2Seq) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tgt_ids, cross_keys, cross_values, src_mask):
+        logits, self_attn, cross_attn = self.model.decode_prefix(tgt_ids, cross_keys, cross_values, src_mask, True)
+        return logits.log_softmax(dim=-1), self_attn, cross_attn
+
+
 def example_inputs(cfg: Seq2SeqConfig, batch: int = 2, src: int = 5, past: int = 3) -> tuple[tuple, tuple]:
     ids = torch.randint(4, cfg.vocab_size, (batch, src))
     mask = torch.ones(batch, src, dtype=torch.bool)
@@ -81,17 +99,23 @@ def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
     enc_args, dec_args = example_inputs(model.cfg)
     kv = {1: batch, 3: src}
     torch.onnx.export(
-        EncoderGraph(model), enc_args, dynamo=True, opset_version=opset, external_data=False,
+        EncoderGraph(model).eval(), enc_args, dynamo=True, opset_version=opset, external_data=False,
         input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
         dynamic_shapes={"src_ids": {0: batch, 1: src}, "src_mask": {0: batch, 1: src}},
     ).save(str(folder / "encoder.onnx"))  # fmt: skip
     torch.onnx.export(
-        DecoderGraph(model), dec_args, dynamo=True, opset_version=opset, external_data=False,
+        DecoderGraph(model).eval(), dec_args, dynamo=True, opset_version=opset, external_data=False,
         input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
         dynamic_shapes={"tokens": {0: batch}, "positions": {0: batch}, "past_keys": {1: batch, 3: past},
                         "past_values": {1: batch, 3: past}, "cache_mask": {0: batch, 1: past},
                         "cross_keys": kv, "cross_values": kv, "src_mask": {0: batch, 1: src}},
     ).save(str(folder / "decoder.onnx"))  # fmt: skip
+    tgt = torch.export.Dim("tgt_len", min=1, max=model.cfg.max_positions)
+    torch.onnx.export(
+        PrefixDecoderGraph(model).eval(), (torch.ones(2, 4, dtype=torch.long), dec_args[5], dec_args[6], enc_args[1]),
+        dynamo=True, opset_version=opset, external_data=False, input_names=PREFIX_INPUTS, output_names=PREFIX_OUTPUTS,
+        dynamic_shapes={"tgt_ids": {0: batch, 1: tgt}, "cross_keys": kv, "cross_values": kv, "src_mask": {0: batch, 1: src}},
+    ).save(str(folder / "decoder_prefix.onnx"))  # fmt: skip
 
 
 def torch_fn(module: nn.Module, inputs: list[str], outputs: list[str]) -> Graph:
@@ -115,12 +139,16 @@ def batched(sources: list[list[int]], size: int) -> list[list[int]]:
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[list[int]], batch_size: int = 32) -> dict:
-    """Greedy tokens of ORT vs pure-PyTorch decoding, and per-step log-prob drift vs the PyTorch graphs."""
+def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[list[int]], batch_size: int = 32,
+                  prefix: Graph | None = None) -> dict:  # fmt: skip
+    """Greedy tokens of ORT vs pure-PyTorch decoding, per-step log-prob drift vs the PyTorch graphs,
+    and the prefix graph's log-probs and attention on the decoded sentences vs PyTorch and vs the steps."""
     spec = decoder_spec(model.cfg)
     t_enc = torch_fn(EncoderGraph(model).eval(), ENCODER_INPUTS, ENCODER_OUTPUTS)
     t_dec = torch_fn(DecoderGraph(model).eval(), DECODER_INPUTS, DECODER_OUTPUTS)
-    report = {"sentences": len(sources), "identical_tokens": 0, "max_abs_log_probs": 0.0, "first_mismatch": None}
+    t_prefix = torch_fn(PrefixDecoderGraph(model).eval(), PREFIX_INPUTS, PREFIX_OUTPUTS)
+    report = {"sentences": len(sources), "identical_tokens": 0, "max_abs_log_probs": 0.0, "first_mismatch": None,
+              "prefix_max_abs_log_probs": 0.0, "prefix_max_abs_attention": 0.0, "prefix_vs_steps_max_abs": 0.0}  # fmt: skip
     for idx in batched(sources, batch_size):
         batch = [sources[i] for i in idx]
         onnx_hyps = greedy(encoder, decoder, batch, spec, record=True)
@@ -136,7 +164,33 @@ def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[
                 report["first_mismatch"] = {"index": i, "onnx": o.tokens, "pytorch": ref}
             for a, b in zip(o.step_log_probs, t.step_log_probs):
                 report["max_abs_log_probs"] = max(report["max_abs_log_probs"], max_abs_diff(a, b))
+        if prefix is not None:
+            _prefix_parity(report, batch, onnx_hyps, encoder, prefix, t_prefix, spec)
     return report
+
+
+def _prefix_parity(report: dict, batch, hyps, encoder: Graph, prefix: Graph, t_prefix: Graph, spec: DecoderSpec) -> None:
+    """The uncached prefix graph on the decoded sentences: vs PyTorch, and vs the cached steps' log-probs."""
+    width = max(len(h.tokens) for h in hyps) + 1
+    tgt = np.full((len(hyps), width), spec.pad_id, dtype=np.int64)
+    for row, h in enumerate(hyps):
+        tgt[row, : len(h.tokens) + 1] = [spec.bos_id] + h.tokens
+    ids = np.full((len(batch), max(len(s) for s in batch)), spec.pad_id, dtype=np.int64)
+    for row, s in enumerate(batch):
+        ids[row, : len(s)] = s
+    enc = encoder({"src_ids": ids, "src_mask": ids != spec.pad_id})
+    feeds = {"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": ids != spec.pad_id}
+    got, ref = prefix(feeds), t_prefix(feeds)
+    real = tgt != spec.pad_id  # padded target positions are not compared
+    report["prefix_max_abs_log_probs"] = max(report["prefix_max_abs_log_probs"],
+                                             max_abs_diff(got["log_probs"][real], ref["log_probs"][real]))  # fmt: skip
+    for name in ("self_attentions", "cross_attentions"):
+        a, b = got[name].transpose(0, 3, 1, 2, 4)[real], ref[name].transpose(0, 3, 1, 2, 4)[real]
+        report["prefix_max_abs_attention"] = max(report["prefix_max_abs_attention"], max_abs_diff(a, b))
+    for row, h in enumerate(hyps):
+        for t, step_lp in enumerate(h.step_log_probs[: len(h.tokens) + 1]):
+            report["prefix_vs_steps_max_abs"] = max(report["prefix_vs_steps_max_abs"],
+                                                    max_abs_diff(got["log_probs"][row, t], step_lp))  # fmt: skip
 
 
 def check_parity(report: dict, tol: float = LOG_PROB_TOL) -> None:
@@ -144,8 +198,11 @@ def check_parity(report: dict, tol: float = LOG_PROB_TOL) -> None:
     if report["identical_tokens"] != report["sentences"]:
         problems.append(f"greedy tokens differ on {report['sentences'] - report['identical_tokens']} sentences "
                         f"(first: {report['first_mismatch']})")  # fmt: skip
-    if report["max_abs_log_probs"] > tol:
-        problems.append(f"max |dlog_probs| {report['max_abs_log_probs']:.2e} > {tol:.0e}")
+    for key in ("max_abs_log_probs", "prefix_max_abs_log_probs", "prefix_vs_steps_max_abs"):
+        if report.get(key, 0.0) > tol:
+            problems.append(f"{key} {report[key]:.2e} > {tol:.0e}")
+    if report.get("prefix_max_abs_attention", 0.0) > ATTENTION_TOL:
+        problems.append(f"prefix_max_abs_attention {report['prefix_max_abs_attention']:.2e} > {ATTENTION_TOL:.0e}")
     if problems:
         raise ExportError("ONNX/PyTorch parity check failed: " + "; ".join(problems))
 
@@ -183,7 +240,7 @@ def evaluate(encoder: Graph, decoder: Graph, spec: DecoderSpec, tok: Tokenizer, 
 
 def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: dict, evaluation: dict) -> dict:
     cfg = Seq2SeqConfig.from_dict(ckpt["config"])
-    enc, dec = graph_io(folder / "encoder.onnx"), graph_io(folder / "decoder.onnx")
+    enc, dec, prefix = (graph_io(folder / f"{g}.onnx") for g in ("encoder", "decoder", "decoder_prefix"))
     return {
         "name": name,
         "version": version,
@@ -192,7 +249,8 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
         "framework": framework_versions(enc["opset"]),
         "languages": {"source": "en", "target": "de"},
         "model": {"architecture": "Seq2Seq", "config": cfg.to_dict(), "parameters": Seq2Seq(cfg).num_parameters()},
-        "graphs": {"encoder": {"file": "encoder.onnx", **enc}, "decoder": {"file": "decoder.onnx", **dec}},
+        "graphs": {"encoder": {"file": "encoder.onnx", **enc}, "decoder": {"file": "decoder.onnx", **dec},
+                   "decoder_prefix": {"file": "decoder_prefix.onnx", **prefix}},
         "tokenizer": {"file": "tokenizer.model", "library": "sentencepiece", "special_ids": ckpt["tokenizer"]["special_ids"],
                       "vocab_size": ckpt["tokenizer"]["vocab_size"], "normalization": "service.tokenizer.normalize_text"},
         "decoding": {"cache_layout": ["layer", "batch", "head", "position", "head_dim"], "layers": cfg.decoder_layers,
@@ -206,9 +264,12 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
                               "layers": cfg.decoder_layers},
             "decoder_self": {"output": "self_attentions", "layout": ["batch", "layer", "head", "target"],
                              "layers": cfg.decoder_layers},
+            "prefix": {"graph": "decoder_prefix", "self": ["batch", "layer", "head", "target", "target"],
+                       "cross": ["batch", "layer", "head", "target", "source"]},
             "heads": cfg.heads,
         },
-        "evaluation": {**evaluation, "parity": {**parity, "log_probs_tolerance": LOG_PROB_TOL}},
+        "evaluation": {**evaluation, "parity": {**parity, "log_probs_tolerance": LOG_PROB_TOL,
+                                                "attention_tolerance": ATTENTION_TOL}},
         "training": ckpt["training"],
     }  # fmt: skip
 
@@ -254,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exporting {args.checkpoint} -> {stage.final}", file=sys.stderr)
         export_graphs(model, stage.dir, args.opset)
         tok.save(stage.dir / "tokenizer.model")
-        encoder, decoder = (session_fn(cpu_session(stage.dir / f)) for f in ("encoder.onnx", "decoder.onnx"))
+        encoder, decoder, prefix = (session_fn(cpu_session(stage.dir / f"{g}.onnx"))
+                                    for g in ("encoder", "decoder", "decoder_prefix"))  # fmt: skip
         sources = tok.encode_batch([s for s, _ in pairs[: args.parity_sentences]], add_eos=True)
-        parity = parity_report(model, encoder, decoder, sources)
+        parity = parity_report(model, encoder, decoder, sources, prefix=prefix)
         check_parity(parity)
         evaluation = evaluate(encoder, decoder, decoder_spec(cfg), tok, pairs, not args.no_progress)
         final = stage.commit(build_manifest(ckpt, args.name, version, stage.dir, parity, evaluation))

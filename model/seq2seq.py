@@ -238,14 +238,27 @@ class Seq2Seq(nn.Module):
         self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, return_attention: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Whole target prefix at once: (B, T) ids -> logits (B, T, V) [and cross-attention (B, L, H, T, S)]."""
+        cross_keys, cross_values = self.cross_kv(memory)
+        logits, _, cross = self.decode_prefix(tgt_in, cross_keys, cross_values, src_mask, return_attention)
+        return logits, cross
+
+    def decode_prefix(
+        self, tgt_in: torch.Tensor, cross_keys: torch.Tensor, cross_values: torch.Tensor, src_mask: torch.Tensor,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        """``decode`` from precomputed cross keys/values: logits (B, T, V) and, if asked, the
+        self-attention (B, L, H, T, T) and cross-attention (B, L, H, T, S) probabilities."""
         x = self.embed(self.tgt_embed, tgt_in, self.positions_of(tgt_in))
-        self_mask, cross_mask, probs = decoder_mask(padding_mask(tgt_in, self.cfg.pad_id)), key_mask(src_mask), []
-        for layer in self.decoder:
-            k, v = layer.cross_kv(memory)
-            x, _, _, _, p = layer(x, self_mask, k, v, cross_mask)
-            probs.append(p)
+        self_mask, cross_mask = decoder_mask(padding_mask(tgt_in, self.cfg.pad_id)), key_mask(src_mask)
+        self_probs, cross_probs = [], []
+        for i, layer in enumerate(self.decoder):
+            x, _, _, sp, cp = layer(x, self_mask, cross_keys[i], cross_values[i], cross_mask)
+            self_probs.append(sp)
+            cross_probs.append(cp)
         logits = self.out(self.decoder_norm(x))
-        return logits, (torch.stack(probs, dim=1) if return_attention else None)
+        if not return_attention:
+            return logits, None, None
+        return logits, torch.stack(self_probs, dim=1), torch.stack(cross_probs, dim=1)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         src_mask = padding_mask(src, self.cfg.pad_id)

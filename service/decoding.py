@@ -1,11 +1,17 @@
 """Autoregressive decoding over the translator's two graphs, in numpy only (no torch).
 
-The encoder runs once per batch; the decoder runs one step per generated token against a key/value
-cache. Both are plain callables from input names to output names (an onnxruntime session wrapped
-by :func:`session_fn`, or the PyTorch model wrapped the same way by the exporter's parity check), so
-the loop the service runs is the loop the export was verified with.
+The unit of work is a :class:`DecodeBatch`: the rows being decoded, with their key/value cache,
+cross-attention keys/values and masks. :func:`step` runs the decoder graph once over the whole
+batch and returns the requests that finished plus the batch for the next step; batches
+:func:`concatenate` (requests join between steps, their cache padded and masked) and
+:meth:`DecodeBatch.take` (finished rows leave, beams reorder). Greedy decoding is beam size 1; a
+beam-search request owns ``beam`` adjacent rows. Every row is independent of the others, so a
+result never depends on what else is in the batch. The same functions drive the exporter's parity
+check (:func:`greedy`, :func:`beam_search`) and the service's continuous-batching scheduler.
 
-Names and layouts (``export/translator.py`` writes them into the manifest):
+Graphs are plain callables from input names to output names (an onnxruntime session wrapped by
+:func:`session_fn`, or the PyTorch model wrapped the same way). Names and layouts
+(``export/translator.py`` writes them into the manifest):
 
 - encoder: ``src_ids`` (B, S) int64, ``src_mask`` (B, S) bool -> ``memory`` (B, S, D),
   ``cross_keys``/``cross_values`` (L, B, H, S, Dh), ``encoder_attentions`` (B, Le, H, S, S)
@@ -13,19 +19,18 @@ Names and layouts (``export/translator.py`` writes them into the manifest):
   ``cache_mask`` (B, T) bool, ``cross_keys``/``cross_values``, ``src_mask`` -> ``log_probs`` (B, V),
   ``present_keys``/``present_values`` (L, B, H, T+1, Dh), ``self_attentions`` (B, L, H, T+1),
   ``cross_attentions`` (B, L, H, S)
-
-Sequences that finish leave the batch at once (their rows are dropped from every array), so a long
-sentence never makes the short ones in its batch pay for its extra steps.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+_ids = itertools.count()
 
 
 def session_fn(session) -> Graph:
@@ -45,7 +50,7 @@ class DecoderSpec:
     max_positions: int = 512
 
     def max_length(self, source_length: int) -> int:
-        """Generation limit for a source of this many tokens (eos included)."""
+        """Default generation limit for a source of this many tokens (eos included)."""
         return max(1, min(self.max_positions, int(source_length * 1.5) + 10))
 
 
@@ -55,6 +60,181 @@ class Hypothesis:
     score: float  # sum of token log-probabilities (eos included when it was produced)
     finished: bool  # produced eos (False: stopped by the length limit)
     step_log_probs: list[np.ndarray] = field(default_factory=list)  # per step (V,), only when recorded
+
+    def ranking(self, length_penalty: float) -> float:
+        return self.score / max(1, len(self.tokens) + self.finished) ** length_penalty
+
+
+@dataclass(eq=False)
+class Request:
+    """One source sentence being decoded; owns ``beam`` adjacent rows of the batch while it runs."""
+
+    source: list[int]  # token ids ending with eos
+    max_new_tokens: int
+    beam: int = 1
+    length_penalty: float = 1.0
+    num_return: int = 1
+    record: bool = False  # keep every step's log-probs (parity checks)
+    ignore_eos: bool = False  # never stop before max_new_tokens (benchmarks at a fixed length)
+    id: int = field(default_factory=lambda: next(_ids))
+    live: list[Hypothesis] = field(default_factory=list)  # one per row, in row order
+    done: list[Hypothesis] = field(default_factory=list)
+    steps: int = 0
+    cancelled: bool = False  # the client went away: leave at the next step
+
+    def __post_init__(self) -> None:
+        if not self.source or self.beam < 1 or self.max_new_tokens < 1 or not 1 <= self.num_return <= self.beam:
+            raise ValueError("need a non-empty source, beam >= 1, max_new_tokens >= 1 and 1 <= num_return <= beam")
+        self.live = [Hypothesis([], 0.0 if i == 0 else -np.inf, False) for i in range(self.beam)]
+
+    def results(self) -> list[Hypothesis]:
+        """The n-best list, best first: finished hypotheses, topped up with unfinished ones at the length limit."""
+        pool = self.done if len(self.done) >= self.num_return else self.done + [h for h in self.live if np.isfinite(h.score)]
+        return sorted(pool, key=lambda h: -h.ranking(self.length_penalty))[: self.num_return]
+
+
+class DecodeBatch:
+    """Rows being decoded, grouped by request, with the decoder inputs for the next step."""
+
+    def __init__(self, requests: list[Request], tokens: np.ndarray, past_keys: np.ndarray, past_values: np.ndarray,
+                 cache_mask: np.ndarray, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> None:  # fmt: skip
+        self.requests = requests
+        self.tokens, self.past_keys, self.past_values, self.cache_mask = tokens, past_keys, past_values, cache_mask
+        self.cross_keys, self.cross_values, self.src_mask = cross_keys, cross_values, src_mask
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.concatenate([np.full(r.beam, r.steps, dtype=np.int64) for r in self.requests]) if self.requests else np.zeros(0, np.int64)
+
+    @classmethod
+    def start(cls, requests: list[Request], encoder: Graph, spec: DecoderSpec) -> DecodeBatch:
+        """Encode the requests' sources together; each request gets ``beam`` rows sharing its encoding."""
+        ids, mask = pad_sources([r.source for r in requests], spec.pad_id)
+        enc = encoder({"src_ids": ids, "src_mask": mask})
+        rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
+        empty = np.zeros((spec.layers, len(rows), spec.heads, 0, spec.head_dim), dtype=enc["cross_keys"].dtype)
+        return cls(list(requests), np.full(len(rows), spec.bos_id, dtype=np.int64), empty, empty.copy(),
+                   np.zeros((len(rows), 0), dtype=bool), enc["cross_keys"][:, rows], enc["cross_values"][:, rows], mask[rows])  # fmt: skip
+
+    def take(self, rows: np.ndarray, requests: list[Request], tokens: np.ndarray) -> DecodeBatch:
+        """The batch made of ``rows`` (in that order), trimmed of cache and source columns no row uses."""
+        cache_mask, src_mask = self.cache_mask[rows], self.src_mask[rows]
+        first = int(np.argmax(cache_mask.any(0))) if cache_mask.any() else cache_mask.shape[1]
+        last = int(src_mask.shape[1] - np.argmax(src_mask.any(0)[::-1])) if len(rows) else 0
+        return DecodeBatch(requests, tokens, self.past_keys[:, rows, :, first:], self.past_values[:, rows, :, first:],
+                           cache_mask[:, first:], self.cross_keys[:, rows, :, :last], self.cross_values[:, rows, :, :last],
+                           src_mask[:, :last])  # fmt: skip
+
+
+def concatenate(a: DecodeBatch, b: DecodeBatch) -> DecodeBatch:
+    """One batch of both; caches are left-padded and sources right-padded, the padding masked."""
+    if not len(a):
+        return b
+    if not len(b):
+        return a
+    t, s = max(a.cache_mask.shape[1], b.cache_mask.shape[1]), max(a.src_mask.shape[1], b.src_mask.shape[1])
+
+    def cache(x: np.ndarray, axis: int) -> np.ndarray:
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (t - x.shape[axis], 0)
+        return np.pad(x, pad)
+
+    def source(x: np.ndarray, axis: int) -> np.ndarray:
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, s - x.shape[axis])
+        return np.pad(x, pad)
+
+    join = np.concatenate
+    return DecodeBatch(
+        a.requests + b.requests, join([a.tokens, b.tokens]),
+        join([cache(a.past_keys, 3), cache(b.past_keys, 3)], axis=1), join([cache(a.past_values, 3), cache(b.past_values, 3)], axis=1),
+        join([cache(a.cache_mask, 1), cache(b.cache_mask, 1)]),
+        join([source(a.cross_keys, 3), source(b.cross_keys, 3)], axis=1), join([source(a.cross_values, 3), source(b.cross_values, 3)], axis=1),
+        join([source(a.src_mask, 1), source(b.src_mask, 1)]),
+    )  # fmt: skip
+
+
+def _select(req: Request, log_probs: np.ndarray, eos: int) -> list[tuple[int, int]]:
+    """Advance one request by a step: (row within the request, next token) for each surviving beam."""
+    req.steps += 1
+    if req.ignore_eos:
+        log_probs = log_probs.copy()
+        log_probs[:, eos] = -np.inf
+    scores = np.array([h.score for h in req.live])[:, None] + log_probs  # (beam, V)
+    flat = scores.ravel()
+    k = min(2 * req.beam, flat.size)
+    top = np.argpartition(-flat, k - 1)[:k]
+    survivors, live = [], []
+    for rank, c in enumerate(top[np.argsort(-flat[top], kind="stable")]):
+        if not np.isfinite(flat[c]):
+            break
+        row, tok = divmod(int(c), log_probs.shape[1])
+        parent = req.live[row]
+        history = parent.step_log_probs + [log_probs[row].copy()] if req.record else []
+        if tok == eos:
+            if rank < req.beam and len(req.done) < req.beam:  # an eos below the top `beam` never ends a search
+                req.done.append(Hypothesis(parent.tokens, float(flat[c]), True, history))
+        elif len(live) < req.beam:
+            live.append(Hypothesis(parent.tokens + [tok], float(flat[c]), False, history))
+            survivors.append((row, tok))
+        if len(live) == req.beam and len(req.done) >= req.beam:
+            break
+    if len(req.done) >= req.beam or req.steps >= req.max_new_tokens or not live:
+        req.live = live  # at the length limit, results() tops the n-best list up with these
+        return []
+    pad = req.beam - len(live)  # fewer live candidates than beams (tiny vocabularies): dead rows
+    req.live = live + [Hypothesis(live[0].tokens, -np.inf, False)] * pad
+    return survivors + [survivors[0]] * pad
+
+
+def _greedy(req: Request, tok: int, log_prob: float, eos: int) -> list[tuple[int, int]]:
+    """``_select`` for beam 1, without the candidate search: the batch's argmax is computed once."""
+    req.steps += 1
+    h = req.live[0]
+    if tok == eos:
+        req.done.append(Hypothesis(h.tokens, h.score + log_prob, True))
+        return []
+    h.tokens.append(tok)
+    h.score += log_prob
+    return [] if req.steps >= req.max_new_tokens else [(0, tok)]
+
+
+def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Request], DecodeBatch]:
+    """One decoder run over the batch: (requests that finished or were cancelled, the next batch)."""
+    out = decoder({
+        "tokens": batch.tokens[:, None], "positions": batch.positions[:, None],
+        "past_keys": batch.past_keys, "past_values": batch.past_values, "cache_mask": batch.cache_mask,
+        "cross_keys": batch.cross_keys, "cross_values": batch.cross_values, "src_mask": batch.src_mask,
+    })  # fmt: skip
+    grown = DecodeBatch(batch.requests, batch.tokens, out["present_keys"], out["present_values"],
+                        np.concatenate([batch.cache_mask, np.ones((len(batch), 1), dtype=bool)], axis=1),
+                        batch.cross_keys, batch.cross_values, batch.src_mask)  # fmt: skip
+    log_probs = out["log_probs"]
+    best = log_probs.argmax(-1)
+    best_log_probs = log_probs[np.arange(len(best)), best].tolist()
+    best = best.tolist()
+    finished, keep, rows, tokens, offset = [], [], [], [], 0
+    for req in batch.requests:
+        if req.cancelled:
+            survivors = []
+        elif req.beam == 1 and not (req.record or req.ignore_eos):
+            survivors = _greedy(req, best[offset], best_log_probs[offset], spec.eos_id)
+        else:
+            survivors = _select(req, log_probs[offset : offset + req.beam], spec.eos_id)
+        if survivors:
+            keep.append(req)
+            rows += [offset + r for r, _ in survivors]
+            tokens += [t for _, t in survivors]
+        else:
+            finished.append(req)
+        offset += req.beam
+    if not finished and rows == list(range(len(batch))):
+        grown.tokens = np.array(tokens, dtype=np.int64)
+        return finished, grown
+    return finished, grown.take(np.array(rows, dtype=np.int64), keep, np.array(tokens, dtype=np.int64))
 
 
 def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,123 +246,25 @@ def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarr
     return ids, ids != pad_id
 
 
-class _Batch:
-    """The decoder's per-row state; ``keep(rows)`` drops finished rows, ``take(rows)`` reorders beams."""
-
-    def __init__(self, spec: DecoderSpec, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> None:
-        n = src_mask.shape[0]
-        self.cross_keys, self.cross_values, self.src_mask = cross_keys, cross_values, src_mask
-        empty = np.zeros((spec.layers, n, spec.heads, 0, spec.head_dim), dtype=cross_keys.dtype)
-        self.past_keys, self.past_values = empty, empty.copy()
-        self.cache_mask = np.zeros((n, 0), dtype=bool)
-
-    def take(self, rows: np.ndarray) -> None:
-        self.cross_keys, self.cross_values = self.cross_keys[:, rows], self.cross_values[:, rows]
-        self.past_keys, self.past_values = self.past_keys[:, rows], self.past_values[:, rows]
-        self.src_mask, self.cache_mask = self.src_mask[rows], self.cache_mask[rows]
-
-    def step(self, decoder: Graph, tokens: np.ndarray, position: int) -> dict[str, np.ndarray]:
-        out = decoder({
-            "tokens": tokens[:, None].astype(np.int64),
-            "positions": np.full((len(tokens), 1), position, dtype=np.int64),
-            "past_keys": self.past_keys, "past_values": self.past_values, "cache_mask": self.cache_mask,
-            "cross_keys": self.cross_keys, "cross_values": self.cross_values, "src_mask": self.src_mask,
-        })  # fmt: skip
-        self.past_keys, self.past_values = out["present_keys"], out["present_values"]
-        self.cache_mask = np.ones((len(tokens), self.past_keys.shape[3]), dtype=bool)
-        return out
+def run_to_end(encoder: Graph, decoder: Graph, requests: list[Request], spec: DecoderSpec) -> list[Request]:
+    """Static batching: encode the requests together and step until every one has finished."""
+    batch = DecodeBatch.start(requests, encoder, spec)
+    while len(batch):
+        _, batch = step(batch, decoder, spec)
+    return requests
 
 
-def greedy(
-    encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec, record: bool = False
-) -> list[Hypothesis]:
-    """Greedy decoding of a batch of tokenised sources (each ending with eos)."""
-    ids, mask = pad_sources(sources, spec.pad_id)
-    enc = encoder({"src_ids": ids, "src_mask": mask})
-    state = _Batch(spec, enc["cross_keys"], enc["cross_values"], mask)
-    hyps = [Hypothesis([], 0.0, False) for _ in sources]
-    limits = np.array([spec.max_length(len(s)) for s in sources])
-    rows = np.arange(len(sources))  # original index of each live row
-    tokens = np.full(len(sources), spec.bos_id, dtype=np.int64)
-    t = 0
-    while len(rows):
-        log_probs = state.step(decoder, tokens, t)["log_probs"]
-        nxt = log_probs.argmax(-1)
-        live = []
-        for j, r in enumerate(rows):
-            h, tok = hyps[r], int(nxt[j])
-            h.score += float(log_probs[j, tok])
-            if record:
-                h.step_log_probs.append(log_probs[j].copy())
-            if tok == spec.eos_id:
-                h.finished = True
-                continue
-            h.tokens.append(tok)
-            if len(h.tokens) < limits[r]:
-                live.append(j)
-        t += 1
-        if len(live) < len(rows):
-            keep = np.array(live, dtype=np.int64)
-            state.take(keep)
-            rows, nxt = rows[keep], nxt[keep]
-        tokens = nxt
-    return hyps
+def greedy(encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec, record: bool = False) -> list[Hypothesis]:
+    """Greedy decoding of tokenised sources (each ending with eos), one hypothesis each."""
+    reqs = [Request(list(s), spec.max_length(len(s)), record=record) for s in sources]
+    return [r.results()[0] for r in run_to_end(encoder, decoder, reqs, spec)]
 
 
-def beam_search(
-    encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec,
-    beam: int = 4, length_penalty: float = 1.0,
-) -> list[Hypothesis]:  # fmt: skip
-    """Beam search; finished hypotheses are ranked by score / length**length_penalty.
-
-    A sentence stops when it holds ``beam`` finished hypotheses or reaches its length limit;
-    its rows then leave the batch.
-    """
+def beam_search(encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec,
+                beam: int = 4, length_penalty: float = 1.0) -> list[Hypothesis]:  # fmt: skip
+    """Beam search; hypotheses are ranked by score / length**length_penalty, the search of a sentence
+    stops when it holds ``beam`` finished hypotheses or reaches its length limit."""
     if beam < 1:
         raise ValueError("beam must be >= 1")
-    ids, mask = pad_sources(sources, spec.pad_id)
-    enc = encoder({"src_ids": ids, "src_mask": mask})
-    expand = np.repeat(np.arange(len(sources)), beam)
-    state = _Batch(spec, enc["cross_keys"][:, expand], enc["cross_values"][:, expand], mask[expand])
-    limits = [spec.max_length(len(s)) for s in sources]
-    live: dict[int, list[tuple[list[int], float]]] = {i: [([], 0.0)] + [([], -np.inf)] * (beam - 1) for i in range(len(sources))}
-    done: dict[int, list[Hypothesis]] = {i: [] for i in range(len(sources))}
-    order = list(range(len(sources)))  # sentence of each block of `beam` rows
-    tokens = np.full(len(sources) * beam, spec.bos_id, dtype=np.int64)
-    t = 0
-    while order:
-        log_probs = state.step(decoder, tokens, t)["log_probs"]
-        vocab = log_probs.shape[1]
-        t += 1
-        next_order, next_rows, next_tokens = [], [], []
-        for block, s in enumerate(order):
-            scores = np.array([score for _, score in live[s]])[:, None] + log_probs[block * beam : (block + 1) * beam]
-            flat = scores.ravel()
-            top = np.argpartition(-flat, min(2 * beam, flat.size - 1))[: 2 * beam]
-            new_live = []
-            for c in top[np.argsort(-flat[top])]:
-                if not np.isfinite(flat[c]):
-                    break
-                b, tok = divmod(int(c), vocab)
-                prefix = live[s][b][0]
-                if tok == spec.eos_id:
-                    if len(done[s]) < beam:
-                        done[s].append(Hypothesis(prefix, float(flat[c]), True))
-                elif len(new_live) < beam:
-                    new_live.append((prefix + [tok], float(flat[c]), b))
-                if len(new_live) == beam and len(done[s]) >= beam:
-                    break
-            if len(done[s]) >= beam or t >= limits[s] or not new_live:
-                if not done[s]:
-                    done[s] = [Hypothesis(p, sc, False) for p, sc, _ in new_live]
-                continue
-            new_live += [(new_live[0][0], -np.inf, new_live[0][2])] * (beam - len(new_live))
-            live[s] = [(p, sc) for p, sc, _ in new_live]
-            next_order.append(s)
-            next_rows += [block * beam + b for _, _, b in new_live]
-            next_tokens += [p[-1] for p, _, _ in new_live]
-        order = next_order
-        if order:
-            state.take(np.array(next_rows, dtype=np.int64))
-            tokens = np.array(next_tokens, dtype=np.int64)
-    return [max(done[i], key=lambda h: h.score / max(1, len(h.tokens) + h.finished) ** length_penalty) for i in range(len(sources))]
+    reqs = [Request(list(s), spec.max_length(len(s)), beam=beam, length_penalty=length_penalty) for s in sources]
+    return [r.results()[0] for r in run_to_end(encoder, decoder, reqs, spec)]

@@ -60,6 +60,10 @@ class ImageTooLarge(ServiceError):
     status, code = 413, "image_too_large"
 
 
+class TextTooLong(ServiceError):
+    status, code = 413, "text_too_long"
+
+
 class UnsupportedMediaType(ServiceError):
     status, code = 415, "unsupported_media_type"
 

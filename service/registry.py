@@ -23,11 +23,14 @@ from service.errors import ModelNotFound, ModelNotReady
 from service.manifest import ManifestError, latest_versions, load_entry, read_manifest
 from service.metrics import Metrics
 from service.runtime import RuntimeUnavailable, create_session
+from service.scheduler import Scheduler
 from service.settings import Settings
+from service.translator import TASK as TRANSLATION
+from service.translator import Translator
 
 log = logging.getLogger("attnserve.registry")
 
-SERVED_TASKS = {IMAGE_CLASSIFICATION}
+SERVED_TASKS = {IMAGE_CLASSIFICATION, TRANSLATION}
 
 
 class Status(str, enum.Enum):
@@ -50,6 +53,8 @@ class ServedModel:
     manifest: dict = field(default_factory=dict)
     classifier: Classifier | None = None
     batcher: Batcher | None = None
+    translator: Translator | None = None
+    scheduler: Scheduler | None = None
     provider: str | None = None
     load_seconds: float | None = None
 
@@ -70,6 +75,12 @@ class ServedModel:
             out["input"] = {"image_size": p.image_size, "channels": p.channels, "color_mode": p.color_mode}
         if self.batcher is not None:
             out["max_batch_size"] = self.batcher.max_batch_size
+        if self.translator is not None:
+            out["languages"] = m.get("languages")
+            out["decoding"] = {"default_beam_size": self.translator.default_beam,
+                               "default_length_penalty": self.translator.default_length_penalty}  # fmt: skip
+        if self.scheduler is not None:
+            out["scheduler"] = self.scheduler.state()
         return out
 
 
@@ -100,8 +111,11 @@ class Registry:
             self.models[path.parent.name] = ServedModel(path.parent.name, path.name, path)
         for model in self.models.values():
             await asyncio.to_thread(self._load_one, model)
-            if model.status is Status.WARMING and model.classifier is not None and not self._stop.is_set():
-                self._start_batcher(model, model.classifier)
+            if model.status is Status.WARMING and not self._stop.is_set():
+                if model.classifier is not None:
+                    self._start_batcher(model, model.classifier)
+                elif model.translator is not None:
+                    self._start_scheduler(model, model.translator)
         self.loaded = True
         ready, reasons = self.readiness()
         if ready:
@@ -127,6 +141,9 @@ class Registry:
                     f"{model.name}/{model.version}"
                 )
             model.manifest = entry.manifest
+            if model.task == TRANSLATION:
+                self._load_translator(model, entry)
+                return
             graph = model.path / entry.manifest["graphs"]["model"]["file"]
             handle = create_session(graph, self.settings)
             model.provider = handle.provider
@@ -142,8 +159,29 @@ class Registry:
         finally:
             model.load_seconds = round(time.perf_counter() - started, 3)
 
+    def _load_translator(self, model: ServedModel, entry) -> None:
+        graphs = entry.manifest["graphs"]
+        encoder = create_session(model.path / graphs["encoder"]["file"], self.settings)
+        decoder = create_session(model.path / graphs["decoder"]["file"], self.settings)
+        model.provider = decoder.provider
+        model.translator = Translator(entry, encoder, decoder)
+        model.status = Status.WARMING
+        log.info("loaded %s on %s; warming up up to %d rows", model.key, decoder.provider,
+                 self.settings.max_running_sequences)  # fmt: skip
+        model.translator.warm_up(self.settings.max_running_sequences, self._stop.is_set)
+
+    def _start_scheduler(self, model: ServedModel, translator: Translator) -> None:
+        s = self.settings
+        model.scheduler = Scheduler(
+            model.name, translator, max_running_rows=s.max_running_sequences, max_waiting_rows=s.max_waiting_sequences,
+            retry_after_s=s.retry_after_s, observer=self.metrics.for_decoder(model.name),
+            static=s.decode_batching == "static",
+        )  # fmt: skip
+        model.scheduler.start()
+        self._mark_ready(model)
+
     def _fail(self, model: ServedModel, reason: str) -> None:
-        model.status, model.reason, model.classifier = Status.FAILED, reason, None
+        model.status, model.reason, model.classifier, model.translator = Status.FAILED, reason, None, None
         log.error("model %s failed to load and will not be served: %s", model.key, reason,
                   extra={"model": model.name, "version": model.version})  # fmt: skip
 
@@ -156,6 +194,9 @@ class Registry:
             intake=self.intake, observer=self.metrics.for_model(model.name),
         )  # fmt: skip
         model.batcher.start()
+        self._mark_ready(model)
+
+    def _mark_ready(self, model: ServedModel) -> None:
         model.status = Status.READY
         self.metrics.provider.labels(model.name, model.version, model.provider).set(1)
         self.metrics.ready.labels(model.name, model.version).set(1)
@@ -171,6 +212,8 @@ class Registry:
         for model in self.models.values():
             if model.batcher is not None:
                 await model.batcher.stop()
+            if model.scheduler is not None:
+                await model.scheduler.stop()
             self.metrics.ready.labels(model.name, model.version).set(0)
 
     # ---- queries -----------------------------------------------------------------------------
@@ -189,23 +232,23 @@ class Registry:
             reasons.append(f"no model in {self.settings.model_repository} has a task this service serves")
         return not reasons, reasons
 
-    def default_model_name(self) -> str | None:
-        if self.settings.default_model:
+    def default_model_name(self, task: str = IMAGE_CLASSIFICATION) -> str | None:
+        if self.settings.default_model and task == IMAGE_CLASSIFICATION:
             return self.settings.default_model
-        names = [m.name for m in self.models.values() if m.task == IMAGE_CLASSIFICATION]
+        names = [m.name for m in self.models.values() if m.task == task]
         return min(names) if names else None
 
-    def get(self, name: str | None) -> ServedModel:
-        """The model a request names (or the default one), ready to take requests."""
-        wanted = name or self.default_model_name()
+    def get(self, name: str | None, task: str = IMAGE_CLASSIFICATION) -> ServedModel:
+        """The model a request names (or the task's default one), ready to take requests."""
+        wanted = name or self.default_model_name(task)
         model = self.models.get(wanted) if wanted else None
         if model is None:
             if not self.loaded:
                 raise ModelNotReady("models are still loading", headers={"Retry-After": str(self.settings.retry_after_s)})
             known = ", ".join(sorted(self.models)) or "none"
             raise ModelNotFound(f"no model named {wanted!r} (loaded models: {known})" if wanted else "no model loaded")
-        if model.task is not None and model.task != IMAGE_CLASSIFICATION:
-            raise ModelNotFound(f"model {model.name!r} is a {model.task!r} model, not an image classifier")
+        if model.task is not None and model.task != task:
+            raise ModelNotFound(f"model {model.name!r} is a {model.task!r} model, not a {task!r} model")
         if model.status is not Status.READY:
             detail = f": {model.reason}" if model.reason else ""
             raise ModelNotReady(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ClassifyOptions(BaseModel):
@@ -44,6 +44,52 @@ class ClassifyResponse(BaseModel):
     results: list[ImageResult] = Field(description="One entry per image, in request order.")
 
 
+class TranslateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str | None = Field(None, description="One English text (or use `texts`).")
+    texts: list[str] | None = Field(None, min_length=1, description="Several texts, translated together.")
+    model: str | None = Field(None, min_length=1, max_length=200, description="Model name (default: the first translation model).")
+    beam_size: int = Field(1, ge=1, description="1: greedy decoding; up to the service's `max_beam_size` (8).")
+    length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="Beam hypotheses are ranked by score / length**length_penalty.")
+    num_return_sequences: int = Field(1, ge=1, description="n-best list size (at most `beam_size`); > 1 adds `nbest`.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Generated-token limit (default: 1.5 x source tokens + 10, capped).")
+    return_attention: bool = Field(False, description="Not available yet: `true` is refused with 422.")
+    stream: bool = Field(False, description="Answer `text/event-stream`: a `token` event per generated token "
+                         "(greedy), then a `done` event with the full result. One text only.")
+
+    @model_validator(mode="after")
+    def _one_of_text_or_texts(self) -> TranslateRequest:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError("give exactly one of `text` and `texts`")
+        return self
+
+    @property
+    def all_texts(self) -> list[str]:
+        return [self.text] if self.text is not None else list(self.texts or [])
+
+
+class Hypothesis(BaseModel):
+    translation: str
+    score: float = Field(description="Sum of the tokens' log-probabilities.")
+    normalized_score: float = Field(description="score / length**length_penalty: what the n-best list is sorted by.")
+    finished: bool = Field(description="False when the length limit stopped it before its end-of-sentence token.")
+
+
+class TranslationResult(BaseModel):
+    translation: str
+    source_tokens: list[str] = Field(description="Subword pieces of the source (`▁` starts a word), eos included.")
+    target_tokens: list[str]
+    finished: bool
+    nbest: list[Hypothesis] | None = Field(None, description="Best first; only when num_return_sequences > 1.")
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    version: str
+    results: list[TranslationResult] = Field(description="One entry per text, in request order.")
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(description="Stable snake_case code to branch on.")
     message: str = Field(description="What went wrong, for a person.")
@@ -71,7 +117,10 @@ class ModelInfo(BaseModel):
     labels: list[str] | None = None
     input: ModelInput | None = None
     max_batch_size: int | None = None
-    evaluation: dict | None = Field(None, description="Figures measured at export (accuracy, parity).")
+    languages: dict[str, str] | None = Field(None, description="Translation: source and target language.")
+    decoding: dict | None = Field(None, description="Translation: defaults the model was evaluated with.")
+    scheduler: dict | None = Field(None, description="Translation: sequences running and waiting now.")
+    evaluation: dict | None = Field(None, description="Figures measured at export (accuracy, BLEU, parity).")
 
 
 class ModelsResponse(BaseModel):

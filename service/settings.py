@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     # --- model repository and runtime ---------------------------------------------------------
     model_repository: Path = Field(Path("models"), description="Root of the model repository (`<name>/<version>/`).")
     default_model: str | None = Field(
-        None, description="Model used when a request names none (default: first image-classification model)."
+        None, description="Classifier used when a /classify request names none (default: the first image-classification model)."
     )
     execution_provider: ExecutionProvider = Field(
         "auto", description="`auto`: CUDA when onnxruntime offers it, else CPU; `cuda` or `cpu` to force."
@@ -87,6 +87,21 @@ class Settings(BaseSettings):
     )
     max_images_per_request: int = Field(32, ge=1, description="Most images in one request (422 beyond).")
     max_top_k: int = Field(100, ge=1, le=100_000, description="Largest `top_k` a request may ask for.")
+    max_running_sequences: int = Field(
+        64, ge=1, le=4096, description="Translation: most decoder rows in the running batch (a beam of k takes k rows)."
+    )
+    max_waiting_sequences: int = Field(
+        512, ge=1, description="Translation: most decoder rows waiting to join the running batch (503 beyond)."
+    )
+    decode_batching: Literal["continuous", "static"] = Field(
+        "continuous", description="Translation: `continuous` (requests join and leave between steps) or `static` "
+        "(a batch is formed when the previous one has finished; for comparison)."
+    )
+    max_texts_per_request: int = Field(32, ge=1, description="Translation: most texts in one request (422 beyond).")
+    max_text_chars: int = Field(2000, ge=1, description="Translation: longest text in characters (413 beyond).")
+    max_source_tokens: int = Field(256, ge=1, description="Translation: longest text in tokens (413 beyond).")
+    max_new_tokens: int = Field(256, ge=1, description="Translation: cap on generated tokens per text.")
+    max_beam_size: int = Field(8, ge=1, le=64, description="Translation: largest `beam_size` a request may ask for.")
     image_formats: tuple[str, ...] = Field(
         DEFAULT_IMAGE_FORMATS, min_length=1, description="Pillow formats accepted (JSON list in the environment)."
     )
@@ -118,6 +133,10 @@ class Settings(BaseSettings):
             )
         if self.max_queue_images < self.max_batch_size:
             problems.append("max_queue_images must be at least max_batch_size, or no full batch could ever form")
+        if self.max_beam_size > self.max_running_sequences:
+            problems.append("max_beam_size must not exceed max_running_sequences: a beam runs in one batch")
+        if self.max_waiting_sequences < self.max_beam_size * self.max_texts_per_request:
+            problems.append("max_waiting_sequences must hold one full request (max_texts_per_request x max_beam_size)")
         if self.require_gpu and self.execution_provider == "cpu":
             problems.append("require_gpu contradicts execution_provider='cpu'")
         unknown = sorted(set(self.image_formats) - _pillow_formats())

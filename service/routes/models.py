@@ -13,5 +13,5 @@ router = APIRouter(tags=["models"])
 @router.get("/models", response_model=ModelsResponse, summary="List the models this process serves")
 async def list_models(registry: RegistryDep) -> dict:
     """Every model in the repository, failed ones included with the reason, so an operator sees why."""
-    default = registry.default_model_name()
-    return {"models": [{**m.describe(), "default": m.name == default} for m in registry.models.values()]}
+    defaults = {registry.default_model_name(task) for task in {m.task for m in registry.models.values()} if task}
+    return {"models": [{**m.describe(), "default": m.name in defaults} for m in registry.models.values()]}

@@ -25,7 +25,7 @@ def entry(tiny_translator_repository):
 
 def test_the_entry_lists_every_file_with_its_sha256(entry):
     m = entry.manifest
-    assert m["task"] == "translation" and set(m["files"]) == {"encoder.onnx", "decoder.onnx", "tokenizer.model"}
+    assert m["task"] == "translation" and set(m["files"]) == {"encoder.onnx", "decoder.onnx", "decoder_prefix.onnx", "tokenizer.model"}
     assert m["tokenizer"]["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
     assert Tokenizer.load(entry.path / "tokenizer.model").vocab_size == m["tokenizer"]["vocab_size"] == 400
 
@@ -38,6 +38,9 @@ def test_graph_names_and_dynamic_axes_are_recorded(entry):
                                                   "cross_keys", "cross_values", "src_mask"]  # fmt: skip
     assert [o["name"] for o in dec["outputs"]] == ["log_probs", "present_keys", "present_values",
                                                    "self_attentions", "cross_attentions"]  # fmt: skip
+    prefix = entry.manifest["graphs"]["decoder_prefix"]
+    assert [i["name"] for i in prefix["inputs"]] == ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
+    assert [o["name"] for o in prefix["outputs"]] == ["log_probs", "self_attentions", "cross_attentions"]
     past = next(i for i in dec["inputs"] if i["name"] == "past_keys")["shape"]
     assert isinstance(past[1], str) and isinstance(past[3], str)  # batch and cache length are dynamic
     assert [i["dtype"] for i in dec["inputs"]][:2] == ["int64", "int64"] and dec["inputs"][4]["dtype"] == "bool"
@@ -46,7 +49,8 @@ def test_graph_names_and_dynamic_axes_are_recorded(entry):
 def test_parity_and_evaluation_are_recorded(entry):
     ev = entry.manifest["evaluation"]
     assert ev["parity"]["identical_tokens"] == ev["parity"]["sentences"] == min(20, ev["sentences"]) > 0
-    assert ev["parity"]["max_abs_log_probs"] <= 1e-4
+    assert ev["parity"]["max_abs_log_probs"] <= 1e-4 and ev["parity"]["prefix_vs_steps_max_abs"] <= 1e-4
+    assert ev["parity"]["prefix_max_abs_attention"] <= 1e-5
     for key in ("greedy", "beam4", "copy_source"):
         assert 0 <= ev[key]["bleu"] <= 100 and 0 <= ev[key]["chrf"] <= 100
     assert ev["sentences"] > 0 and ev["examples"][0]["source"] and "greedy" in ev["examples"][0]

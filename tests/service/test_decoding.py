@@ -12,7 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.decoding import DecoderSpec, beam_search, greedy, pad_sources, session_fn
+from service.decoding import (
+    DecodeBatch, DecoderSpec, Request, beam_search, concatenate, greedy, pad_sources, run_to_end, session_fn, step,
+)
 
 PAD, BOS, EOS, A, B = range(5)
 SPEC = DecoderSpec(layers=1, heads=1, head_dim=1, max_positions=50)
@@ -31,7 +33,7 @@ def bigram_graphs(tables: dict[int, np.ndarray]):
         past, cache = feeds["past_keys"], feeds["cache_mask"]
         n, t = cache.shape
         assert past.shape == (1, n, 1, t, 1) and feeds["src_mask"].shape[0] == n == feeds["cross_keys"].shape[1]
-        assert (feeds["positions"] == t).all() and cache.all()
+        assert (feeds["positions"][:, 0] == cache.sum(1)).all()  # a row's position = its real cached tokens
         seen.append(n)
         table = np.stack([tables[int(k)] for k in feeds["cross_keys"][0, :, 0, 0, 0]])  # (n, V, V)
         log_probs = np.log(table[np.arange(n), feeds["tokens"][:, 0]])
@@ -104,3 +106,43 @@ def test_on_real_graphs_batching_and_beam_one_change_nothing(tiny_graphs):
         assert len(h.tokens) <= spec.max_length(len(s))
     best = beam_search(enc, dec, sources, spec, beam=4, length_penalty=0.0)
     assert all(b.score >= g.score - 1e-4 for b, g in zip(best, batched) if g.finished)
+
+
+def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
+    enc, dec, spec = tiny_graphs
+    sources = [[40, 41, 42, 2], [50, 2], [60, 61, 62, 63, 64, 65, 2], [70, 71, 2], [80, 81, 82, 83, 2]]
+    first = [Request(sources[0], 12), Request(sources[1], 12), Request(sources[2], 9, beam=3, num_return=2)]
+    batch = DecodeBatch.start(first, enc, spec)
+    for _ in range(3):
+        _, batch = step(batch, dec, spec)
+    late = [Request(sources[3], 12, beam=2, num_return=2), Request(sources[4], 5)]
+    batch = concatenate(batch, DecodeBatch.start(late, enc, spec))
+    assert batch.cache_mask[-3:].sum() == 0 and batch.cache_mask[:2].all()  # the newcomers' cache is padding
+    finished = []
+    while len(batch):
+        done, batch = step(batch, dec, spec)
+        finished += done
+    assert sorted(r.id for r in finished) == sorted(r.id for r in first + late)
+    for r in first + late:
+        (alone,) = run_to_end(enc, dec, [Request(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec)
+        assert [h.tokens for h in r.results()] == [h.tokens for h in alone.results()]
+        np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
+        assert len(r.results()) == r.num_return and all(len(h.tokens) <= r.max_new_tokens for h in r.results())
+        ranks = [h.ranking(r.length_penalty) for h in r.results()]
+        assert ranks == sorted(ranks, reverse=True)
+
+
+def test_a_cancelled_request_leaves_at_the_next_step(tiny_graphs):
+    enc, dec, spec = tiny_graphs
+    reqs = [Request([40, 41, 2], 20, beam=2), Request([50, 51, 2], 20)]
+    batch = DecodeBatch.start(reqs, enc, spec)
+    _, batch = step(batch, dec, spec)
+    reqs[0].cancelled = True
+    done, batch = step(batch, dec, spec)
+    assert reqs[0] in done and batch.requests == [reqs[1]] * (reqs[1] in batch.requests) and len(batch) <= 1
+
+
+def test_request_options_are_validated():
+    for bad in (dict(source=[]), dict(beam=0), dict(max_new_tokens=0), dict(num_return=3, beam=2)):
+        with pytest.raises(ValueError):
+            Request(**{"source": [5, 2], "max_new_tokens": 4, **bad})

@@ -1,0 +1,265 @@
+"""Benchmark translation decoding, bare and through the service, in one run.
+
+``python -m benchmarks.bench_translate --repository models``
+
+1. Bare onnxruntime (the service's own decoding loop, ``service/decoding.py``, on the entry's
+   sessions with the service's session options): tokens/s of KV-cache decoding vs re-running the
+   whole prefix each step (``decoder_prefix.onnx``, no cache) at 16, 32 and 64 generated tokens;
+   tokens/s at batch 1 and 16, greedy and beam 4, 20 and 64 tokens (fixed lengths: end-of-sentence
+   is ignored so every configuration generates exactly that many tokens); and, where torch and the
+   training checkpoint are present, PyTorch eager cached greedy decoding of the same model.
+2. The service (``python -m service`` in a subprocess): the same 32 real test sentences sent one at
+   a time vs by 32 concurrent clients (continuous batching) vs the same concurrency with
+   ``ATTNSERVE_DECODE_BATCHING=static``; the service's one-at-a-time latency vs the bare loop at
+   batch 1 on the same sentences; and the time to the first streamed token.
+Every figure is the median of ``--rounds`` interleaved rounds. A table is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from service.decoding import DecoderSpec, Request, run_to_end, session_fn
+from service.manifest import load_entry
+from service.runtime import create_session
+from service.settings import Settings
+from service.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTENCES = (Path(__file__).parent / "translate_sentences.txt").read_text().splitlines()
+
+
+class Bare:
+    """The entry's three graphs on sessions built like the service builds them."""
+
+    def __init__(self, entry_dir: Path, settings: Settings) -> None:
+        entry = load_entry(entry_dir)
+        m, self.path = entry.manifest, entry_dir
+        g = {k: session_fn(create_session(entry_dir / v["file"], settings).session) for k, v in m["graphs"].items()}
+        self.encoder, self.decoder, self.prefix = g["encoder"], g["decoder"], g.get("decoder_prefix")
+        d, sp = m["decoding"], m["tokenizer"]["special_ids"]
+        self.spec = DecoderSpec(d["layers"], d["heads"], d["head_dim"], sp["pad"], sp["bos"], sp["eos"], d["max_positions"])
+        self.tok = Tokenizer.load(entry_dir / m["tokenizer"]["file"])
+        self.manifest = m
+
+    def sources(self, n: int) -> list[list[int]]:
+        return [self.tok.encode(SENTENCES[i % len(SENTENCES)], add_eos=True) for i in range(n)]
+
+    def cached(self, sources: list[list[int]], tokens: int, beam: int = 1) -> float:
+        """Seconds to generate exactly ``tokens`` per sentence with the KV cache."""
+        reqs = [Request(s, tokens, beam=beam, ignore_eos=True) for s in sources]
+        start = time.perf_counter()
+        run_to_end(self.encoder, self.decoder, reqs, self.spec)
+        return time.perf_counter() - start
+
+    def uncached(self, sources: list[list[int]], tokens: int) -> float:
+        """Seconds for greedy decoding that re-runs the whole prefix at every step (no cache)."""
+        start = time.perf_counter()
+        ids = np.full((len(sources), max(map(len, sources))), self.spec.pad_id, dtype=np.int64)
+        for row, s in enumerate(sources):
+            ids[row, : len(s)] = s
+        mask = ids != self.spec.pad_id
+        enc = self.encoder({"src_ids": ids, "src_mask": mask})
+        tgt = np.full((len(sources), 1), self.spec.bos_id, dtype=np.int64)
+        for _ in range(tokens):
+            out = self.prefix({"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": mask})
+            last = out["log_probs"][:, -1]
+            last[:, self.spec.eos_id] = -np.inf
+            tgt = np.concatenate([tgt, last.argmax(-1)[:, None]], axis=1)
+        return time.perf_counter() - start
+
+
+def torch_greedy(checkpoint: Path, sources: list[list[int]], threads: int) -> tuple[float, int] | None:
+    """PyTorch eager cached greedy decoding (natural lengths): (seconds, tokens), or None without torch."""
+    try:
+        import torch
+
+        from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
+    except ImportError:
+        return None
+    if not checkpoint.is_file():
+        return None
+    torch.set_num_threads(threads)
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    model = Seq2Seq(Seq2SeqConfig.from_dict(ckpt["config"])).eval()
+    model.load_state_dict(ckpt["state_dict"])
+    src = torch.zeros(len(sources), max(map(len, sources)), dtype=torch.long)
+    for row, s in enumerate(sources):
+        src[row, : len(s)] = torch.tensor(s)
+    start = time.perf_counter()
+    out = greedy_decode(model, src, max_len=int(src.shape[1] * 1.5) + 10)
+    return time.perf_counter() - start, sum(len(o) + 1 for o in out)
+
+
+def median_of(rounds: int, fn) -> float:
+    return statistics.median(fn() for _ in range(rounds))
+
+
+# ---- the service ------------------------------------------------------------------------------
+
+
+def start_service(repository: Path, workdir: Path, **settings: str) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTNSERVE_PORT": str(port), "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+           "ATTNSERVE_ACCESS_LOG": "false", **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()}}  # fmt: skip
+    log = open(workdir / f"service-{port}.log", "w")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"service did not become ready; see {log.name}")
+
+
+async def one_at_a_time(url: str, texts: list[str]) -> tuple[float, list[dict]]:
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        start, out = time.perf_counter(), []
+        for t in texts:
+            out.append((await client.post("/translate", json={"text": t})).json())
+        return time.perf_counter() - start, out
+
+
+async def concurrently(url: str, texts: list[str]) -> tuple[float, list[dict]]:
+    limits = httpx.Limits(max_connections=len(texts))
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        start = time.perf_counter()
+        out = await asyncio.gather(*(client.post("/translate", json={"text": t}) for t in texts))
+        return time.perf_counter() - start, [r.json() for r in out]
+
+
+async def first_token(url: str, text: str) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        start = time.perf_counter()
+        async with client.stream("POST", "/translate", json={"text": text, "stream": True}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("event: token"):
+                    return time.perf_counter() - start
+    raise RuntimeError("no token event")
+
+
+def generated(answers: list[dict]) -> int:
+    return sum(len(a["results"][0]["target_tokens"]) + 1 for a in answers)
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_translate", description=__doc__.splitlines()[0])
+    p.add_argument("--repository", type=Path, default=Path("models"))
+    p.add_argument("--name", default="translator")
+    p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/translator-default/best.pt"),
+                   help="for the PyTorch eager comparison (skipped when absent)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--skip-service", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    entry_dir = max((args.repository / args.name).iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+    settings = Settings()
+    bare = Bare(entry_dir, settings)
+    rows: list[tuple[str, str]] = []
+    print(f"{args.name}/{entry_dir.name}: {bare.manifest['model']['parameters']:,} parameters; onnxruntime threads as the "
+          f"service ({settings.intra_op_threads or 'cores-1'}); {os.cpu_count()} cores", file=sys.stderr)  # fmt: skip
+
+    for batch in (1, 16):
+        src = bare.sources(batch)
+        for n in (16, 32, 64):
+            c = median_of(args.rounds, lambda: bare.cached(src, n))
+            u = median_of(args.rounds, lambda: bare.uncached(src, n))
+            rows.append((f"batch {batch}, {n} tokens: cached vs uncached decoding",
+                         f"{batch * n / c:,.0f} vs {batch * n / u:,.0f} tok/s = {u / c:.2f}x"))  # fmt: skip
+    for batch in (1, 16):
+        src = bare.sources(batch)
+        for beam in (1, 4):
+            for n in (20, 64):
+                t = median_of(args.rounds, lambda: bare.cached(src, n, beam))
+                rows.append((f"bare loop, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {n} tokens",
+                             f"{batch * n / t:,.0f} tok/s ({t * 1000 / n:.2f} ms/step)"))  # fmt: skip
+    src = bare.sources(16)
+    torch_run = torch_greedy(args.checkpoint, src, max(1, (os.cpu_count() or 2) - 1))
+    if torch_run is not None:
+        reqs = lambda: [Request(s, bare.spec.max_length(len(s))) for s in src]  # noqa: E731
+        ort_t = median_of(args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec)))
+        ort_tokens = sum(len(r.results()[0].tokens) + 1 for r in run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec))
+        torch_t, torch_tokens = torch_run
+        rows.append(("batch 16 greedy, natural lengths: onnxruntime loop vs PyTorch eager (cached)",
+                     f"{ort_tokens / ort_t:,.0f} vs {torch_tokens / torch_t:,.0f} tok/s = {(ort_tokens / ort_t) / (torch_tokens / torch_t):.2f}x"))  # fmt: skip
+
+    if not args.skip_service:
+        rows += service_rows(args, bare)
+    width = max(len(k) for k, _ in rows)
+    print()
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def service_rows(args: argparse.Namespace, bare: Bare) -> list[tuple[str, str]]:
+    texts = SENTENCES[:32]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = {}
+        try:
+            procs["continuous"] = start_service(args.repository.resolve(), Path(tmp))
+            procs["static"] = start_service(args.repository.resolve(), Path(tmp), decode_batching="static")
+            seq, cont, stat, ttft = [], [], [], []
+            for _ in range(args.rounds):
+                t, answers = asyncio.run(one_at_a_time(procs["continuous"][1], texts))
+                seq.append(generated(answers) / t)
+                t, together = asyncio.run(concurrently(procs["continuous"][1], texts))
+                cont.append(generated(together) / t)
+                if [a["results"] for a in together] != [a["results"] for a in answers]:
+                    raise RuntimeError("concurrent answers differ from one-at-a-time answers")
+                t, static_answers = asyncio.run(concurrently(procs["static"][1], texts))
+                stat.append(generated(static_answers) / t)
+                ttft.append(statistics.median(asyncio.run(first_token(procs["continuous"][1], x)) for x in texts[:8]))
+        finally:
+            for proc, _ in procs.values():
+                proc.terminate()
+                proc.wait(timeout=30)
+    sources = [bare.tok.encode(t, add_eos=True) for t in texts]
+    bare_seq = median_of(args.rounds, lambda: _timed(lambda: [run_to_end(
+        bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec) for s in sources]))  # fmt: skip
+    bare_tokens = sum(len(r.results()[0].tokens) + 1 for s in sources
+                      for r in run_to_end(bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec))  # fmt: skip
+    s, c, st = statistics.median(seq), statistics.median(cont), statistics.median(stat)
+    rows.append(("service, 32 sentences: 32 concurrent clients vs one at a time", f"{c:,.0f} vs {s:,.0f} tok/s = {c / s:.2f}x"))
+    rows.append(("service, 32 concurrent clients: continuous vs static batching", f"{c:,.0f} vs {st:,.0f} tok/s = {c / st:.2f}x"))
+    rows.append(("one at a time: service vs bare loop (batch 1)", f"{s:,.0f} vs {bare_tokens / bare_seq:,.0f} tok/s = "
+                 f"{s / (bare_tokens / bare_seq):.2f}x"))  # fmt: skip
+    rows.append(("time to first streamed token (idle service, median of 8)", f"{statistics.median(ttft) * 1000:.1f} ms"))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

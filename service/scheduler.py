@@ -1,0 +1,231 @@
+"""Continuous (iteration-level) batching for the translator, after TGI's router.
+
+One asyncio task per model owns the running :class:`~service.decoding.DecodeBatch` and a bounded
+FIFO of waiting requests. Between two decoder steps it admits waiting requests while the running
+batch has rows free (their encodings are computed together and concatenated onto the batch) and
+hands back the requests that finished; so a short sentence never waits for a long one, and a new
+one starts at the next step instead of after the whole batch. Encoder and decoder runs happen on
+one dedicated thread, never on the event loop. A beam-search request takes ``beam`` rows.
+
+A request whose client went away is marked ``cancelled`` by its handler and leaves the batch at the
+next step, freeing its rows. A decoder failure fails the requests in that batch and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from service.decoding import DecodeBatch, Request, concatenate
+from service.errors import InferenceFailed, InvalidField, Overloaded, ShuttingDown
+from service.translator import Translator
+
+log = logging.getLogger("attnserve.scheduler")
+
+
+class DecodeObserver(Protocol):
+    def step(self, rows: int, seconds: float, tokens: int) -> None: ...
+    def occupancy(self, running: int, waiting: int) -> None: ...
+    def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None: ...
+    def cancelled(self) -> None: ...
+    def rejected(self) -> None: ...
+
+
+class NullDecodeObserver:
+    def step(self, rows: int, seconds: float, tokens: int) -> None: ...
+    def occupancy(self, running: int, waiting: int) -> None: ...
+    def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None: ...
+    def cancelled(self) -> None: ...
+    def rejected(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A submitted request: its future (resolves to the finished ``Request``) and, when streaming,
+    a queue of token events (``list[int]`` of the tokens so far, greedy only; ``None`` at the end)."""
+
+    request: Request
+    future: asyncio.Future
+    events: asyncio.Queue | None = None
+    enqueued_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    first_token_at: float | None = None
+    streamed: int = 0
+
+    def cancel(self) -> None:
+        self.request.cancelled = True
+
+
+class Scheduler:
+    def __init__(self, name: str, translator: Translator, *, max_running_rows: int, max_waiting_rows: int,
+                 retry_after_s: int = 1, observer: DecodeObserver | None = None, static: bool = False) -> None:  # fmt: skip
+        if max_running_rows < 1 or max_waiting_rows < 1:
+            raise ValueError("max_running_rows and max_waiting_rows must be >= 1")
+        self.name = name
+        self.translator = translator
+        self.max_running_rows = max_running_rows
+        self.max_waiting_rows = max_waiting_rows
+        self.static = static  # benchmark baseline: admit only into an empty batch, then decode it to the end
+        self._retry_after = str(retry_after_s)
+        self._observer = observer or NullDecodeObserver()
+        self._waiting: deque[Ticket] = deque()
+        self._running: dict[int, Ticket] = {}
+        self.waiting_rows = 0
+        self.running_rows = 0
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{name}")
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    # ---- handle side -----------------------------------------------------------------------------
+    def submit(self, requests: list[Request], stream: bool = False) -> list[Ticket]:
+        """Queue all of a HTTP request's sentences, or none of them (503 when the queue is full)."""
+        if self._closed:
+            raise ShuttingDown(f"model {self.name} is shutting down")
+        rows = sum(r.beam for r in requests)
+        if any(r.beam > self.max_running_rows for r in requests):
+            raise InvalidField(f"beam_size exceeds the {self.max_running_rows} rows this model decodes at once")
+        if self.waiting_rows + rows > self.max_waiting_rows:
+            self._observer.rejected()
+            raise Overloaded(f"model {self.name} has {self.waiting_rows} sequences waiting (bound "
+                             f"{self.max_waiting_rows}); retry later", headers={"Retry-After": self._retry_after})  # fmt: skip
+        loop = asyncio.get_running_loop()
+        tickets = [Ticket(r, loop.create_future(), asyncio.Queue() if stream else None) for r in requests]
+        self._waiting.extend(tickets)
+        self.waiting_rows += rows
+        self._observer.occupancy(self.running_rows, self.waiting_rows)
+        self._wakeup.set()
+        return tickets
+
+    def state(self) -> dict:
+        """What runs and waits now: for ``GET /models`` and for tests."""
+        return {"running_sequences": len(self._running), "running_rows": self.running_rows,
+                "waiting_sequences": len(self._waiting), "waiting_rows": self.waiting_rows,
+                "max_running_rows": self.max_running_rows, "max_waiting_rows": self.max_waiting_rows}  # fmt: skip
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"scheduler-{self.name}")
+
+    async def stop(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._fail(list(self._waiting) + list(self._running.values()), ShuttingDown(f"model {self.name} is shutting down"))
+        self._waiting.clear()
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+    # ---- worker side -----------------------------------------------------------------------------
+    def _admit(self) -> list[Ticket]:
+        """Waiting tickets that fit the rows free now, in FIFO order; cancelled ones are dropped."""
+        joining: list[Ticket] = []
+        while self._waiting:
+            head = self._waiting[0]
+            if head.request.cancelled:
+                self._waiting.popleft()
+                self.waiting_rows -= head.request.beam
+                self._observer.cancelled()
+                self._resolve(head)
+                continue
+            if self.running_rows + head.request.beam > self.max_running_rows or (self.static and self._running):
+                break
+            self._waiting.popleft()
+            self.waiting_rows -= head.request.beam
+            self.running_rows += head.request.beam
+            joining.append(head)
+        return joining
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        batch: DecodeBatch | None = None
+        while True:
+            if batch is None and not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            joining = self._admit()
+            if joining:
+                batch = await self._start(loop, batch, joining)
+            if batch is None:
+                continue
+            batch = await self._step(loop, batch)
+            self._observer.occupancy(self.running_rows, self.waiting_rows)
+
+    async def _start(self, loop, batch: DecodeBatch | None, joining: list[Ticket]) -> DecodeBatch | None:
+        try:
+            new = await loop.run_in_executor(self._executor, self.translator.start, [t.request for t in joining])
+        except asyncio.CancelledError:
+            self._fail(joining, ShuttingDown(f"model {self.name} is shutting down"))
+            raise
+        except Exception:
+            log.exception("encoder failed in model %s; failing the %d requests that were joining", self.name, len(joining))
+            self.running_rows -= sum(t.request.beam for t in joining)
+            self._fail(joining, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
+            return batch
+        now = time.perf_counter()
+        for t in joining:
+            t.started_at = now
+            self._running[t.request.id] = t
+        return new if batch is None else concatenate(batch, new)
+
+    async def _step(self, loop, batch: DecodeBatch) -> DecodeBatch | None:
+        started, rows, sentences = time.perf_counter(), len(batch), len(batch.requests)
+        try:
+            finished, batch = await loop.run_in_executor(self._executor, self.translator.step, batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            tickets = list(self._running.values())
+            log.exception("decoder step failed in model %s; failing its %d running requests", self.name, len(tickets))
+            self._running.clear()
+            self.running_rows = 0
+            self._fail(tickets, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
+            return None
+        now = time.perf_counter()
+        self._observer.step(rows, now - started, sentences - sum(r.cancelled for r in finished))
+        for req in finished:
+            ticket = self._running.pop(req.id)
+            self.running_rows -= req.beam
+            if req.cancelled:
+                self._observer.cancelled()
+            else:
+                tokens = len(req.results()[0].tokens)
+                self._observer.finished(tokens, now - (ticket.started_at or now), (ticket.started_at or now) - ticket.enqueued_at,
+                                        (ticket.first_token_at or now) - ticket.enqueued_at)  # fmt: skip
+            self._stream(ticket, now, finished=True)
+            self._resolve(ticket)
+        for req in batch.requests if len(batch) else []:
+            self._stream(self._running[req.id], now, finished=False)
+        return batch if len(batch) else None
+
+    def _stream(self, ticket: Ticket, now: float, finished: bool) -> None:
+        """Greedy streams get every new token; the first token's time is kept for the metrics."""
+        req = ticket.request
+        if ticket.first_token_at is None:
+            ticket.first_token_at = now
+        if ticket.events is None or req.beam != 1 or req.cancelled:
+            return
+        tokens = req.results()[0].tokens if finished else req.live[0].tokens
+        if len(tokens) > ticket.streamed:
+            ticket.streamed = len(tokens)
+            ticket.events.put_nowait(list(tokens))
+
+    def _resolve(self, ticket: Ticket) -> None:
+        if ticket.events is not None:
+            ticket.events.put_nowait(None)
+        if not ticket.future.done():
+            ticket.future.set_result(ticket.request)
+
+    def _fail(self, tickets: list[Ticket], error: Exception) -> None:
+        for t in tickets:
+            if t.events is not None:
+                t.events.put_nowait(error)
+            if not t.future.done():
+                t.future.set_exception(error)

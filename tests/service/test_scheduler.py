@@ -1,0 +1,106 @@
+"""The continuous-batching scheduler on the numpy bigram "translator" of test_decoding (no onnxruntime)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tests.service.test_decoding import A, B, EOS, LONG, SPEC, TRAP, bigram_graphs
+
+from service.decoding import DecodeBatch, Request, step
+from service.errors import InferenceFailed, InvalidField, Overloaded
+from service.scheduler import Scheduler
+
+
+class BigramTranslator:
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.encoder, self.decoder, self.rows_seen = bigram_graphs({A: TRAP, B: LONG})
+        self.fail_after = fail_after
+
+    def start(self, requests):
+        return DecodeBatch.start(requests, self.encoder, SPEC)
+
+    def step(self, batch):
+        if self.fail_after is not None and len(self.rows_seen) >= self.fail_after:
+            raise RuntimeError("onnxruntime exploded")
+        return step(batch, self.decoder, SPEC)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
+
+
+async def with_scheduler(body, translator=None, **limits):
+    sched = Scheduler("t", translator or BigramTranslator(), **{"max_running_rows": 8, "max_waiting_rows": 16, **limits})
+    sched.start()
+    try:
+        return await body(sched)
+    finally:
+        await sched.stop()
+
+
+def test_greedy_stream_gets_each_token_then_the_end():
+    async def body(sched):
+        (ticket,) = sched.submit([Request([A, EOS], 10)], stream=True)
+        events = [await ticket.events.get(), await ticket.events.get()]
+        return events, await ticket.future
+
+    events, req = run(with_scheduler(body))
+    assert events == [[A], None]  # eos ends the stream; the runner-up beam is never streamed
+    assert req.results()[0].tokens == [A] and req.results()[0].finished
+
+
+def test_late_requests_join_the_running_batch_and_short_ones_leave_early():
+    async def body(sched):
+        long = sched.submit([Request([B, EOS], 200)], stream=True)[0]
+        await long.events.get()  # the long one is running
+        short = sched.submit([Request([A, EOS], 10, beam=2)])[0]
+        done = await asyncio.wait_for(short.future, 5)
+        still_running = sched.state()["running_sequences"]
+        await long.future
+        return done, still_running, long.request
+
+    short, still_running, long = run(with_scheduler(body))
+    assert short.results()[0].tokens == [B] and still_running == 1
+    assert long.results()[0].tokens == [A] * 200
+
+
+def test_admission_limits():
+    async def body(sched):
+        with pytest.raises(InvalidField):
+            sched.submit([Request([A, EOS], 5, beam=9)])
+        sched.submit([Request([B, EOS], 40, beam=8)] * 1)
+        sched.submit([Request([B, EOS], 40, beam=8)])
+        with pytest.raises(Overloaded) as full:
+            sched.submit([Request([B, EOS], 40, beam=8), Request([A, EOS], 4, beam=8)])
+        assert full.value.headers["Retry-After"] == "1"
+        return sched.state()
+
+    state = run(with_scheduler(body, max_running_rows=8, max_waiting_rows=16))
+    assert state["waiting_rows"] <= 16
+
+
+def test_a_failing_step_fails_the_running_requests_and_the_scheduler_goes_on():
+    translator = BigramTranslator(fail_after=2)
+
+    async def body(sched):
+        (ticket,) = sched.submit([Request([B, EOS], 30)])
+        with pytest.raises(InferenceFailed):
+            await ticket.future
+        translator.fail_after = None
+        (again,) = sched.submit([Request([A, EOS], 10)])
+        return (await again.future).results()[0].tokens
+
+    assert run(with_scheduler(body, translator)) == [A]
+
+
+def test_cancelled_requests_leave_and_free_their_rows():
+    async def body(sched):
+        (ticket,) = sched.submit([Request([B, EOS], 40)], stream=True)
+        await ticket.events.get()
+        ticket.cancel()
+        await ticket.future
+        return sched.state()
+
+    state = run(with_scheduler(body))
+    assert state["running_rows"] == 0 and state["running_sequences"] == 0

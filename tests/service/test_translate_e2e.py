@@ -1,0 +1,227 @@
+"""``POST /translate`` end to end on a real uvicorn server serving the tiny translator (and the tiny ViT).
+
+What a user relies on: the service gives what offline ORT decoding gives, results never depend on
+what else is in the batch, streaming ends where the plain answer ends, a client that leaves frees
+its rows, and every bad input gets its status and JSON error.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import onnxruntime as ort
+import pytest
+from tests.service.service_testing import BASE_ENV, metric_value, start_subprocess_server, wait_until
+
+from service.decoding import DecoderSpec, greedy, session_fn
+from service.tokenizer import Tokenizer
+
+TEXTS = [
+    "Open the dialog.",
+    "I've made one or two modifications to the original design.",
+    "Select the cells you want to format and choose Format - Cells.",
+    "Yes.",
+    "They come in all shapes and sizes, and some of them are very long indeed, longer than the others.",
+    "Saves the current document.",
+]
+
+
+@pytest.fixture(scope="module")
+def repository(tiny_vit_repository, tiny_translator_repository, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("both") / "models"
+    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
+    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repository, tmp_path_factory):
+    srv = start_subprocess_server(tmp_path_factory.mktemp("translate"), repository, max_text_chars=300)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(repository):
+    """Greedy decoding straight on onnxruntime sessions of the same entry: the reference."""
+    entry = repository / "translator" / "1"
+    manifest = json.loads((entry / "manifest.json").read_text())
+    d = manifest["decoding"]
+    spec = DecoderSpec(d["layers"], d["heads"], d["head_dim"], max_positions=d["max_positions"])
+    enc, dec = (session_fn(ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]))
+                for f in ("encoder.onnx", "decoder.onnx"))  # fmt: skip
+    tok = Tokenizer.load(entry / "tokenizer.model")
+
+    def translate(text: str) -> str:
+        (h,) = greedy(enc, dec, [tok.encode(text, add_eos=True)], spec)
+        return tok.decode(h.tokens)
+
+    return translate
+
+
+def post(srv, **body) -> httpx.Response:
+    return httpx.post(srv.url + "/translate", json=body, timeout=60)
+
+
+def test_translations_equal_offline_onnxruntime_greedy_decoding(server, offline):
+    r = post(server, texts=TEXTS)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "translator" and body["version"] == "1"
+    assert [res["translation"] for res in body["results"]] == [offline(t) for t in TEXTS]
+    first = body["results"][0]
+    assert first["source_tokens"][-1] == "</s>" and isinstance(first["target_tokens"], list)
+    assert post(server, text=TEXTS[1]).json()["results"][0] == body["results"][1]
+    assert post(server, text=TEXTS[1], beam_size=1).json()["results"][0] == body["results"][1]
+
+
+def test_nbest_is_sorted_and_its_first_is_the_single_best(server):
+    single = post(server, text=TEXTS[2], beam_size=4).json()["results"][0]
+    many = post(server, text=TEXTS[2], beam_size=4, num_return_sequences=3).json()["results"][0]
+    assert "nbest" not in single and len(many["nbest"]) == 3
+    ranks = [h["normalized_score"] for h in many["nbest"]]
+    assert ranks == sorted(ranks, reverse=True)
+    assert many["nbest"][0]["translation"] == single["translation"] == many["translation"]
+
+
+def test_results_do_not_depend_on_what_else_is_in_the_batch(server):
+    cases = [dict(text=TEXTS[i % len(TEXTS)] * (1 + i % 3), beam_size=1 + (i % 4 == 1) * 3 + (i % 4 == 3))
+             for i in range(24)]  # fmt: skip
+    alone = [post(server, **c).json() for c in cases]
+    with ThreadPoolExecutor(24) as pool:
+        together = list(pool.map(lambda c: post(server, **c).json(), cases))
+    assert together == alone
+    assert {c["beam_size"] for c in cases} == {1, 2, 4}
+
+
+def test_the_stream_ends_with_the_plain_answer(server):
+    plain = post(server, text=TEXTS[4]).json()
+    events = []
+    with httpx.stream("POST", server.url + "/translate", json={"text": TEXTS[4], "stream": True}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        event = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                events.append((event, json.loads(line[6:])))
+    tokens = [data for kind, data in events if kind == "token"]
+    assert events[-1] == ("done", plain)
+    assert len(tokens) == len(plain["results"][0]["target_tokens"])
+    assert [t["token"] for t in tokens] == plain["results"][0]["target_tokens"]
+    assert tokens[-1]["text"] == plain["results"][0]["translation"]
+
+
+def test_models_lists_the_translator_with_its_scheduler(server):
+    models = {m["name"]: m for m in httpx.get(server.url + "/models").json()["models"]}
+    t = models["translator"]
+    assert t["task"] == "translation" and t["status"] == "ready" and t["default"] and models["vit"]["default"]
+    assert t["languages"] == {"source": "en", "target": "de"} and "bleu" in t["evaluation"]["greedy"]
+    assert t["scheduler"]["running_sequences"] == 0 and t["scheduler"]["max_running_rows"] >= 8
+
+
+BAD = {
+    "empty text": (dict(text=""), 422, "invalid_field"),
+    "whitespace": (dict(texts=["fine", " \n\t "]), 422, "invalid_field"),
+    "both": (dict(text="a", texts=["b"]), 422, "invalid_field"),
+    "neither": (dict(beam_size=2), 422, "invalid_field"),
+    "empty list": (dict(texts=[]), 422, "invalid_field"),
+    "not a string": (dict(text=5), 422, "invalid_field"),
+    "too many texts": (dict(texts=["a"] * 33), 422, "invalid_field"),
+    "too long": (dict(text="word " * 100), 413, "text_too_long"),
+    "beam too large": (dict(text="a", beam_size=9), 422, "invalid_field"),
+    "beam zero": (dict(text="a", beam_size=0), 422, "invalid_field"),
+    "n-best over beam": (dict(text="a", beam_size=2, num_return_sequences=3), 422, "invalid_field"),
+    "max_new_tokens": (dict(text="a", max_new_tokens=100_000), 422, "invalid_field"),
+    "length penalty": (dict(text="a", length_penalty=-1), 422, "invalid_field"),
+    "attention": (dict(text="a", return_attention=True), 422, "invalid_field"),
+    "stream two": (dict(texts=["a", "b"], stream=True), 422, "invalid_field"),
+    "unknown field": (dict(text="a", temperature=0.7), 422, "invalid_field"),
+    "unknown model": (dict(text="a", model="nope"), 404, "model_not_found"),
+    "a classifier": (dict(text="a", model="vit"), 404, "model_not_found"),
+}
+
+
+@pytest.mark.parametrize("body, status, code", BAD.values(), ids=BAD.keys())
+def test_bad_input_gets_its_status_and_a_json_error(server, body, status, code):
+    r = post(server, **body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code and r.json()["error"]["message"]
+
+
+def test_bad_bodies(server):
+    r = httpx.post(server.url + "/translate", content=b"{nope", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(server.url + "/translate", content=b"text=hi", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    assert post(server, text=TEXTS[0]).status_code == 200  # and the service still serves
+
+
+@pytest.fixture
+def slow_server(repository):
+    """An in-process server whose decoder steps take >= 20 ms (the real step, behind a delay)."""
+    from service.app import create_app
+    from service.settings import Settings
+    from service.translator import Translator
+    from tests.service.service_testing import ThreadServer
+
+    real = Translator.step
+
+    def slow_step(self, batch):
+        time.sleep(0.02)
+        return real(self, batch)
+
+    def make(**overrides):
+        base = {k.removeprefix("ATTNSERVE_").lower(): v for k, v in BASE_ENV.items()}
+        return ThreadServer(create_app(Settings(**{"model_repository": repository, **base, **overrides})))
+
+    Translator.step = slow_step
+    try:
+        yield make
+    finally:
+        Translator.step = real
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_rows(slow_server):
+    with slow_server() as srv:
+        srv.wait_ready()
+        body = {"text": TEXTS[4], "stream": True, "max_new_tokens": 200}
+        with httpx.stream("POST", srv.url + "/translate", json=body, timeout=60) as r:
+            lines = r.iter_lines()  # held: dropping the iterator would close the connection
+            next(line for line in lines if line.startswith("event: token"))
+            running = httpx.get(srv.url + "/models").json()["models"]
+            assert next(m for m in running if m["name"] == "translator")["scheduler"]["running_sequences"] == 1, running
+        # the connection is closed: the request leaves at the next step, long before its 200 tokens
+
+        def freed() -> bool:
+            m = next(m for m in httpx.get(srv.url + "/models").json()["models"] if m["name"] == "translator")
+            return m["scheduler"]["running_sequences"] == 0
+
+        wait_until(freed, timeout=3.0, what="the cancelled stream to leave the batch")
+        assert metric_value(httpx.get(srv.url + "/metrics").text, "attnserve_dropped_requests_total", model="translator") == 1
+
+
+def test_a_full_queue_answers_503_with_retry_after(slow_server):
+    with slow_server(max_running_sequences=1, max_waiting_sequences=2, max_texts_per_request=1, max_beam_size=1) as srv:
+        srv.wait_ready()
+        barrier = threading.Barrier(8)
+
+        def send(_):
+            barrier.wait()
+            return post(srv, text=TEXTS[4], max_new_tokens=30)
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(send, range(8)))
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses.count(200) >= 3 and 503 in statuses
+        refused = next(a for a in answers if a.status_code == 503)
+        assert refused.json()["error"]["code"] == "overloaded" and refused.headers["retry-after"] == "1"
+        assert post(srv, text=TEXTS[0]).status_code == 200
