@@ -64,6 +64,7 @@ test-all: install-dev  ## every test, including slow real-training runs
 bench: install-dev  ## benchmarks (ratios vs bare onnxruntime; installs Debian's wrk)
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
 	$(BIN)/python -m benchmarks.bench_classify --repository $(MODELS)
+	$(BIN)/python -m benchmarks.bench_translate --repository $(MODELS)
 
 clean:  ## remove build outputs (keeps checkpoints and models)
 	rm -rf build dist *.egg-info .pytest_cache
