@@ -8,6 +8,7 @@ of the best validation epoch is kept and its test accuracy is measured once, at 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shlex
 import sys
@@ -31,12 +32,12 @@ PROFILES = {
     "tiny": dict(
         config=ViTConfig(patch_size=7, dim=32, depth=2, heads=2, mlp_ratio=2.0),
         epochs=1, batch_size=64, lr=2e-3, weight_decay=0.05, warmup_epochs=0.1,
-        label_smoothing=0.0, max_train=2000, flip=False, shift=0, precision="fp32",
+        label_smoothing=0.0, max_train=2000, flip=False, shift=0, precision="fp32", ema=0.0,
     ),
     "default": dict(
         config=ViTConfig(patch_size=4, dim=96, depth=6, heads=4, mlp_ratio=2.0),
         epochs=30, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_epochs=2.0,
-        label_smoothing=0.1, max_train=None, flip=True, shift=0, precision="auto",
+        label_smoothing=0.1, max_train=None, flip=True, shift=0, precision="auto", ema=0.0,
     ),
 }  # fmt: skip
 
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--val-fraction", type=float, default=0.1, help="held out of the training split")
     for name in ("epochs", "batch_size", "max_train", "shift"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
-    for name in ("lr", "weight_decay", "warmup_epochs", "label_smoothing"):
+    for name in ("lr", "weight_decay", "warmup_epochs", "label_smoothing", "ema"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float)
     p.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"],
@@ -159,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
 
+    if not 0.0 <= hp["ema"] < 1.0:
+        raise CliError("ema must be in [0, 1): 0 disables it, 0.999 averages over about 1000 steps")
+    ema = copy.deepcopy(model) if hp["ema"] else None  # evaluated and saved instead of the raw weights
     history, best, step, start = [], None, 0, time.time()
     for epoch in range(hp["epochs"]):
         model.train()
@@ -176,18 +180,22 @@ def main(argv: list[str] | None = None) -> int:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
+            if ema is not None:
+                with torch.no_grad():
+                    for averaged, current in zip(ema.parameters(), model.parameters()):
+                        averaged.lerp_(current, 1.0 - hp["ema"])
             losses.append(loss.item())
             step += 1
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", lr=f"{sched.get_last_lr()[0]:.2e}")
             if step >= total_steps:
                 break
-        val_acc, val_loss = evaluate(model, x_val, y_val)
+        val_acc, val_loss = evaluate(ema or model, x_val, y_val)
         record = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val_loss": val_loss, "val_accuracy": val_acc}
         history.append(record)
         print(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} val acc {val_acc:.4f}", file=sys.stderr)
         if best is None or val_acc > best["val_accuracy"]:
             best = dict(record)
-            save_checkpoint(out / "best.pt", {"state_dict": model.state_dict()})
+            save_checkpoint(out / "best.pt", {"state_dict": (ema or model).state_dict()})
         if step >= total_steps:
             break
     train_seconds = time.time() - start

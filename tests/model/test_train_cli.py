@@ -28,6 +28,7 @@ def test_tiny_training_run_writes_checkpoint_and_metrics(tiny_vit_checkpoint):
         (["--heads", "3"], "not divisible"),
         (["--epochs", "0"], "epochs"),
         (["--dataset", "image-folder"], "--data-dir"),
+        (["--ema", "1.0"], "ema must be in [0, 1)"),
     ],
 )
 def test_bad_input_gives_one_clear_line(args, message):
@@ -49,6 +50,19 @@ def test_same_seed_gives_identical_weights(tmp_path):
     assert states[0].keys() == states[1].keys()
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
+
+
+def test_ema_keeps_an_average_of_the_weights(tmp_path):
+    """With --ema the saved weights are the running average, not the last step's weights."""
+    out = {}
+    for name, extra in (("raw", []), ("ema", ["--ema", "0.9"])):
+        proc = run_module("model.train_vit", "--profile", "tiny", "--no-progress", "--max-steps", "8",
+                          "--out", str(tmp_path / name), *extra)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        out[name] = torch.load(tmp_path / name / "best.pt", weights_only=False)
+    assert out["ema"]["training"]["hyperparameters"]["ema"] == 0.9
+    raw, ema = out["raw"]["state_dict"], out["ema"]["state_dict"]
+    assert any(not torch.equal(raw[k], ema[k]) for k in raw)
 
 
 def test_trains_on_an_image_folder(tmp_path):
