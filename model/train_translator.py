@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     if not train:
         raise CliError(f"no training pair is at most {hp['max_length']} tokens long")
     valid_batches = make_batches(valid, hp["max_tokens"], None)
-    bleu_examples = [ex for ex in valid[: args.bleu_sentences]]
+    # evenly spaced: valid.tsv is ordered by source, and its head is all dictionary sentences (the hardest)
+    bleu_examples = valid[:: max(1, len(valid) // max(1, args.bleu_sentences))][: args.bleu_sentences]
     bleu_refs = [valid_pairs[ex.index][1] for ex in bleu_examples]
 
     model = Seq2Seq(cfg)
