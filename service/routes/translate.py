@@ -53,7 +53,7 @@ async def translate(request: Request, serving: ServingDep) -> Response:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
     tickets = scheduler.submit(requests)
     await _results_or_disconnect(tickets, request.receive)
-    return Response(json.dumps(_answer(translator, tickets, nbest)).encode(), media_type=JSON_TYPE)
+    return Response(json.dumps(_answer(translator, tickets, nbest), ensure_ascii=False).encode(), media_type=JSON_TYPE)
 
 
 async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
