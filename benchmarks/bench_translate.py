@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import statistics
@@ -32,7 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from service.decoding import DecoderSpec, Request, run_to_end, session_fn
+from service.decoding import DecoderSpec, Request, pad_sources, run_to_end, session_fn
 from service.manifest import load_entry
 from service.runtime import create_session
 from service.settings import Settings
@@ -50,8 +49,7 @@ class Bare:
         m, self.path = entry.manifest, entry_dir
         g = {k: session_fn(create_session(entry_dir / v["file"], settings).session) for k, v in m["graphs"].items()}
         self.encoder, self.decoder, self.prefix = g["encoder"], g["decoder"], g.get("decoder_prefix")
-        d, sp = m["decoding"], m["tokenizer"]["special_ids"]
-        self.spec = DecoderSpec(d["layers"], d["heads"], d["head_dim"], sp["pad"], sp["bos"], sp["eos"], d["max_positions"])
+        self.spec = DecoderSpec.from_manifest(m)
         self.tok = Tokenizer.load(entry_dir / m["tokenizer"]["file"])
         self.manifest = m
 
@@ -68,10 +66,7 @@ class Bare:
     def uncached(self, sources: list[list[int]], tokens: int) -> float:
         """Seconds for greedy decoding that re-runs the whole prefix at every step (no cache)."""
         start = time.perf_counter()
-        ids = np.full((len(sources), max(map(len, sources))), self.spec.pad_id, dtype=np.int64)
-        for row, s in enumerate(sources):
-            ids[row, : len(s)] = s
-        mask = ids != self.spec.pad_id
+        ids, mask = pad_sources(sources, self.spec.pad_id)
         enc = self.encoder({"src_ids": ids, "src_mask": mask})
         tgt = np.full((len(sources), 1), self.spec.bos_id, dtype=np.int64)
         for _ in range(tokens):
@@ -96,9 +91,7 @@ def torch_greedy(checkpoint: Path, sources: list[list[int]], threads: int) -> tu
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
     model = Seq2Seq(Seq2SeqConfig.from_dict(ckpt["config"])).eval()
     model.load_state_dict(ckpt["state_dict"])
-    src = torch.zeros(len(sources), max(map(len, sources)), dtype=torch.long)
-    for row, s in enumerate(sources):
-        src[row, : len(s)] = torch.tensor(s)
+    src = torch.from_numpy(pad_sources(sources, 0)[0])
     start = time.perf_counter()
     out = greedy_decode(model, src, max_len=int(src.shape[1] * 1.5) + 10)
     return time.perf_counter() - start, sum(len(o) + 1 for o in out)

@@ -72,6 +72,13 @@ class StagedEntry:
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.dir = Path(tempfile.mkdtemp(prefix=f".{name}-{version}-", dir=self.final.parent))
 
+    def __enter__(self) -> StagedEntry:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:  # anything failed (parity, Ctrl-C): nothing half-written stays behind
+            self.abort()
+
     def commit(self, manifest: dict) -> Path:
         files = sorted(p.name for p in self.dir.iterdir() if p.is_file())
         manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": describe_files(self.dir, files)}

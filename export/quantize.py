@@ -21,8 +21,7 @@ INPUT, LOGITS = "pixel_values", "logits"
 def export_int8(fp32_entry: Path, repository: Path, name: str, version: str, force: bool,
                 x_test: np.ndarray, y_test: np.ndarray) -> Path:  # fmt: skip
     manifest = read_manifest(fp32_entry)
-    stage = StagedEntry(repository, name, version, force)
-    try:
+    with StagedEntry(repository, name, version, force) as stage:
         src, dst = fp32_entry / "model.onnx", stage.dir / "model.onnx"
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
         fp32, int8 = cpu_session(src), cpu_session(dst)
@@ -40,9 +39,6 @@ def export_int8(fp32_entry: Path, repository: Path, name: str, version: str, for
         new.update(name=name, version=version, created_at=now_iso(), evaluation=evaluation,
                    variant={"precision": "int8", "method": "onnxruntime dynamic quantisation (MatMul/Gemm weights)", "from": f"{manifest['name']}/{manifest['version']}"})  # fmt: skip
         final = stage.commit(new)
-    except BaseException:
-        stage.abort()
-        raise
     size = (final / "model.onnx").stat().st_size
     fp32_accuracy = manifest["evaluation"]["test_accuracy"]
     print(f"wrote {final}: int8 test accuracy {accuracy:.4f} (fp32 {fp32_accuracy:.4f}), {size:,} bytes", file=sys.stderr)

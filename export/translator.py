@@ -34,7 +34,7 @@ from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import load_checkpoint
 from model.translation.textio import TextFileError, read_tsv
-from service.decoding import DecoderSpec, Graph, Hypothesis, beam_search, greedy, session_fn
+from service.decoding import DecoderSpec, Graph, Hypothesis, beam_search, greedy, pad_sources, session_fn
 from service.tokenizer import Tokenizer
 
 ENCODER_INPUTS = ["src_ids", "src_mask"]
@@ -153,8 +153,7 @@ def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[
         batch = [sources[i] for i in idx]
         onnx_hyps = greedy(encoder, decoder, batch, spec, record=True)
         torch_hyps = greedy(t_enc, t_dec, batch, spec, record=True)
-        width = max(len(s) for s in batch)
-        src = torch.tensor([s + [spec.pad_id] * (width - len(s)) for s in batch])
+        src = torch.from_numpy(pad_sources(batch, spec.pad_id)[0])
         reference = greedy_decode(model, src, max_len=max(spec.max_length(len(s)) for s in batch))
         for i, o, t, ref in zip(idx, onnx_hyps, torch_hyps, reference):
             ref = ref[: spec.max_length(len(sources[i]))]
@@ -175,11 +174,9 @@ def _prefix_parity(report: dict, batch, hyps, encoder: Graph, prefix: Graph, t_p
     tgt = np.full((len(hyps), width), spec.pad_id, dtype=np.int64)
     for row, h in enumerate(hyps):
         tgt[row, : len(h.tokens) + 1] = [spec.bos_id] + h.tokens
-    ids = np.full((len(batch), max(len(s) for s in batch)), spec.pad_id, dtype=np.int64)
-    for row, s in enumerate(batch):
-        ids[row, : len(s)] = s
-    enc = encoder({"src_ids": ids, "src_mask": ids != spec.pad_id})
-    feeds = {"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": ids != spec.pad_id}
+    ids, src_mask = pad_sources(batch, spec.pad_id)
+    enc = encoder({"src_ids": ids, "src_mask": src_mask})
+    feeds = {"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": src_mask}
     got, ref = prefix(feeds), t_prefix(feeds)
     real = tgt != spec.pad_id  # padded target positions are not compared
     report["prefix_max_abs_log_probs"] = max(report["prefix_max_abs_log_probs"],
@@ -310,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(f"{data / 'test.tsv'} holds no sentence pairs")
     version = args.version or next_version(args.repository, args.name)
 
-    stage = StagedEntry(args.repository, args.name, version, args.force)
-    try:
+    with StagedEntry(args.repository, args.name, version, args.force) as stage:
         print(f"exporting {args.checkpoint} -> {stage.final}", file=sys.stderr)
         export_graphs(model, stage.dir, args.opset)
         tok.save(stage.dir / "tokenizer.model")
@@ -322,9 +318,6 @@ def main(argv: list[str] | None = None) -> int:
         check_parity(parity)
         evaluation = evaluate(encoder, decoder, decoder_spec(cfg), tok, pairs, not args.no_progress)
         final = stage.commit(build_manifest(ckpt, args.name, version, stage.dir, parity, evaluation))
-    except BaseException:
-        stage.abort()
-        raise
     print(f"wrote {final}: parity {parity['identical_tokens']}/{parity['sentences']} identical, max |dlog_probs| "
           f"{parity['max_abs_log_probs']:.1e}; test BLEU greedy {evaluation['greedy']['bleu']} beam "
           f"{evaluation[f'beam{BEAM}']['bleu']}, chrF {evaluation[f'beam{BEAM}']['chrf']} "

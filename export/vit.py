@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     x_test = preprocess(data.test_images, ckpt["preprocessing"])
     version = args.version or next_version(args.repository, args.name)
 
-    stage = StagedEntry(args.repository, args.name, version, args.force)
-    try:
+    with StagedEntry(args.repository, args.name, version, args.force) as stage:
         graph = stage.dir / "model.onnx"
         print(f"exporting {args.checkpoint} -> {stage.final}", file=sys.stderr)
         export_graph(vit, graph, args.opset)
@@ -162,9 +161,6 @@ def main(argv: list[str] | None = None) -> int:
             "parity": {**parity, "logits_tolerance": LOGITS_TOL, "attention_tolerance": ATTENTION_TOL},
         }  # fmt: skip
         final = stage.commit(build_manifest(ckpt, args.name, version, graph_io(graph), evaluation))
-    except BaseException:
-        stage.abort()
-        raise
     print(f"wrote {final}: test accuracy {accuracy:.4f}, parity max |dlogits| {parity['max_abs_logits']:.1e}, "
           f"max |dattention| {parity['max_abs_attention']:.1e}", file=sys.stderr)  # fmt: skip
     if args.int8:

@@ -49,6 +49,13 @@ class DecoderSpec:
     eos_id: int = 2
     max_positions: int = 512
 
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> DecoderSpec:
+        """The cache geometry and special ids a translation entry's ``manifest.json`` records."""
+        d, special = manifest["decoding"], manifest["tokenizer"]["special_ids"]
+        return cls(int(d["layers"]), int(d["heads"]), int(d["head_dim"]), int(special["pad"]), int(special["bos"]),
+                   int(special["eos"]), int(d["max_positions"]))  # fmt: skip
+
     def max_length(self, source_length: int) -> int:
         """Default generation limit for a source of this many tokens (eos included)."""
         return max(1, min(self.max_positions, int(source_length * 1.5) + 10))
@@ -107,7 +114,7 @@ class DecodeBatch:
 
     @property
     def positions(self) -> np.ndarray:
-        return np.concatenate([np.full(r.beam, r.steps, dtype=np.int64) for r in self.requests]) if self.requests else np.zeros(0, np.int64)
+        return np.repeat(np.array([r.steps for r in self.requests], dtype=np.int64), [r.beam for r in self.requests])
 
     @classmethod
     def start(cls, requests: list[Request], encoder: Graph, spec: DecoderSpec) -> DecodeBatch:
@@ -137,23 +144,20 @@ def concatenate(a: DecodeBatch, b: DecodeBatch) -> DecodeBatch:
         return a
     t, s = max(a.cache_mask.shape[1], b.cache_mask.shape[1]), max(a.src_mask.shape[1], b.src_mask.shape[1])
 
-    def cache(x: np.ndarray, axis: int) -> np.ndarray:
-        pad = [(0, 0)] * x.ndim
-        pad[axis] = (t - x.shape[axis], 0)
-        return np.pad(x, pad)
+    def join(name: str, axis: int, rows: int, width: int, left: bool) -> np.ndarray:
+        """``a``'s and ``b``'s arrays stacked along ``rows``, padded with zeros/False to ``width`` along ``axis``."""
+        parts = []
+        for x in (getattr(a, name), getattr(b, name)):
+            pad = [(0, 0)] * x.ndim
+            missing = width - x.shape[axis]
+            pad[axis] = (missing, 0) if left else (0, missing)
+            parts.append(np.pad(x, pad) if missing else x)
+        return np.concatenate(parts, axis=rows)
 
-    def source(x: np.ndarray, axis: int) -> np.ndarray:
-        pad = [(0, 0)] * x.ndim
-        pad[axis] = (0, s - x.shape[axis])
-        return np.pad(x, pad)
-
-    join = np.concatenate
     return DecodeBatch(
-        a.requests + b.requests, join([a.tokens, b.tokens]),
-        join([cache(a.past_keys, 3), cache(b.past_keys, 3)], axis=1), join([cache(a.past_values, 3), cache(b.past_values, 3)], axis=1),
-        join([cache(a.cache_mask, 1), cache(b.cache_mask, 1)]),
-        join([source(a.cross_keys, 3), source(b.cross_keys, 3)], axis=1), join([source(a.cross_values, 3), source(b.cross_values, 3)], axis=1),
-        join([source(a.src_mask, 1), source(b.src_mask, 1)]),
+        a.requests + b.requests, np.concatenate([a.tokens, b.tokens]),
+        join("past_keys", 3, 1, t, True), join("past_values", 3, 1, t, True), join("cache_mask", 1, 0, t, True),
+        join("cross_keys", 3, 1, s, False), join("cross_values", 3, 1, s, False), join("src_mask", 1, 0, s, False),
     )  # fmt: skip
 
 

@@ -31,12 +31,11 @@ class Translator:
         m = entry.manifest
         self.name, self.version = entry.name, entry.version
         try:
-            d, special = m["decoding"], m["tokenizer"]["special_ids"]
+            special = m["tokenizer"]["special_ids"]
             self.tokenizer = Tokenizer.load(entry.path / m["tokenizer"]["file"])
-            self.spec = DecoderSpec(int(d["layers"]), int(d["heads"]), int(d["head_dim"]), int(special["pad"]),
-                                    int(special["bos"]), int(special["eos"]), int(d["max_positions"]))  # fmt: skip
-            self.default_beam = int(d.get("beam", 1))
-            self.default_length_penalty = float(d.get("length_penalty", 1.0))
+            self.spec = DecoderSpec.from_manifest(m)
+            self.default_beam = int(m["decoding"].get("beam", 1))
+            self.default_length_penalty = float(m["decoding"].get("length_penalty", 1.0))
         except (KeyError, TypeError, ValueError, TokenizerError) as e:
             raise ManifestError(f"{entry.path}: translation manifest is incomplete or malformed: {e!r}") from e
         if self.tokenizer.special.as_dict() != {k: int(v) for k, v in special.items()}:
@@ -53,17 +52,16 @@ class Translator:
         if max_new_tokens is not None and max_new_tokens > min(limits.max_new_tokens, self.spec.max_positions):
             raise InvalidField(f"max_new_tokens {max_new_tokens} exceeds the limit of "
                                f"{min(limits.max_new_tokens, self.spec.max_positions)}")  # fmt: skip
-        sources = []
         for i, text in enumerate(texts):
             if len(text) > limits.max_chars:
                 raise TextTooLong(f"texts[{i}] has {len(text)} characters; the limit is {limits.max_chars}")
             if not normalize_text(text):
                 raise InvalidField(f"texts[{i}] is empty or only whitespace")
-            ids = self.tokenizer.encode(text, add_eos=True)
+        sources = self.tokenizer.encode_batch(texts, add_eos=True)
+        for i, ids in enumerate(sources):
             if len(ids) > min(limits.max_source_tokens, self.spec.max_positions):
                 raise TextTooLong(f"texts[{i}] is {len(ids)} tokens long; the limit is "
                                   f"{min(limits.max_source_tokens, self.spec.max_positions)}")  # fmt: skip
-            sources.append(ids)
         return [
             Request(ids, max_new_tokens or min(self.spec.max_length(len(ids)), limits.max_new_tokens), beam=beam_size,
                     length_penalty=length_penalty, num_return=num_return_sequences)

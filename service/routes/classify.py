@@ -15,8 +15,6 @@ import json
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -25,23 +23,22 @@ from starlette.types import Receive
 from service.classifier import Classifier
 from service.deps import ServingDep
 from service.errors import (
-    ImageTooLarge, InvalidBase64, InvalidField, InvalidJSON, InvalidMultipart, ServiceError, UnsupportedMediaType,
+    ImageTooLarge,
+    InvalidBase64,
+    InvalidField,
+    InvalidMultipart,
+    ServiceError,
+    UnsupportedMediaType,
 )  # fmt: skip
 from service.images import ImageDecoder
+from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body, validated
 from service.schemas import ERROR_RESPONSES, ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
 from service.settings import Settings
 
 router = APIRouter(tags=["classification"])
 
-JSON_TYPE = "application/json"
 MULTIPART_TYPE = "multipart/form-data"
 FORM_OPTION_FIELDS = ("top_k", "model", "return_attention")
-
-
-class ClientClosedRequest(ServiceError):
-    """The client went away before its answer was ready (nginx's 499); nobody reads this answer."""
-
-    status, code = 499, "client_closed_request"
 
 
 _REQUEST_BODY_DOC = {
@@ -109,15 +106,7 @@ async def _read_request(request: Request, settings: Settings) -> tuple[list[byte
 
 
 async def _read_json(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:
-    raw = await request.body()
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidJSON(f"body is not valid JSON: {e}") from e
-    try:
-        parsed = ClassifyJSONRequest.model_validate(payload)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors(include_url=False, include_input=False)) from e
+    parsed = parse_json_body(await request.body(), ClassifyJSONRequest)
     if len(parsed.images) > settings.max_images_per_request:
         raise InvalidField(f"{len(parsed.images)} images in one request; at most {settings.max_images_per_request}")
     images = [_decode_base64(text, i, settings.max_image_bytes) for i, text in enumerate(parsed.images)]
@@ -164,11 +153,7 @@ async def _read_multipart(request: Request) -> tuple[list[bytes], ClassifyOption
         await form.close()
     if not images:
         raise InvalidField("no `file` part in the multipart body")
-    try:
-        options = ClassifyOptions.model_validate(fields)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors(include_url=False, include_input=False)) from e
-    return images, options
+    return images, validated(ClassifyOptions, fields)
 
 
 def _check_options(options: ClassifyOptions, classifier: Classifier, settings: Settings) -> None:

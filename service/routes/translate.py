@@ -15,21 +15,18 @@ import json
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
 from service.deps import ServingDep
-from service.errors import InvalidField, InvalidJSON, ServiceError, UnsupportedMediaType, error_body
-from service.routes.classify import ClientClosedRequest
+from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
+from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body
 from service.scheduler import Ticket
 from service.schemas import ERROR_RESPONSES, TranslateRequest, TranslateResponse
 from service.settings import Settings
 from service.translator import TASK, Limits, Translator
 
 router = APIRouter(tags=["translation"])
-JSON_TYPE = "application/json"
 
 
 @router.post("/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES, summary="Translate English to German")
@@ -60,14 +57,7 @@ async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != JSON_TYPE:
         raise UnsupportedMediaType(f"content type {media_type or 'none'!r} is not accepted; send {JSON_TYPE}")
-    try:
-        payload = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidJSON(f"body is not valid JSON: {e}") from e
-    try:
-        body = TranslateRequest.model_validate(payload)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors(include_url=False, include_input=False)) from e
+    body = parse_json_body(await request.body(), TranslateRequest)
     texts = body.all_texts
     if len(texts) > settings.max_texts_per_request:
         raise InvalidField(f"{len(texts)} texts in one request; at most {settings.max_texts_per_request}")

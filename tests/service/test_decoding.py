@@ -89,9 +89,7 @@ def test_pad_sources_refuses_empty_input():
 @pytest.fixture(scope="module")
 def tiny_graphs(tiny_translator_repository):
     entry = tiny_translator_repository / "translator" / "1"
-    manifest = json.loads((entry / "manifest.json").read_text())
-    d = manifest["decoding"]
-    spec = DecoderSpec(d["layers"], d["heads"], d["head_dim"], max_positions=d["max_positions"])
+    spec = DecoderSpec.from_manifest(json.loads((entry / "manifest.json").read_text()))
     sessions = [ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]) for f in ("encoder.onnx", "decoder.onnx")]
     return session_fn(sessions[0]), session_fn(sessions[1]), spec
 

@@ -53,9 +53,7 @@ def server(repository, tmp_path_factory):
 def offline(repository):
     """Greedy decoding straight on onnxruntime sessions of the same entry: the reference."""
     entry = repository / "translator" / "1"
-    manifest = json.loads((entry / "manifest.json").read_text())
-    d = manifest["decoding"]
-    spec = DecoderSpec(d["layers"], d["heads"], d["head_dim"], max_positions=d["max_positions"])
+    spec = DecoderSpec.from_manifest(json.loads((entry / "manifest.json").read_text()))
     enc, dec = (session_fn(ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]))
                 for f in ("encoder.onnx", "decoder.onnx"))  # fmt: skip
     tok = Tokenizer.load(entry / "tokenizer.model")
