@@ -9,7 +9,7 @@ RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help install install-dev data corpus train export train-translator export-translator models serve test test-all bench clean
+.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator models serve test test-all bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,7 +28,17 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
 
-install-dev: $(VENV)/.dev data  ## training, export and test dependencies + datasets
+install-dev: $(VENV)/.dev data system-deps  ## training, export and test dependencies + datasets
+
+# Debian packages the tests drive for real: a Redis server (shared attention store), a browser
+# (the web page's end-to-end test). Each is installed only when its command is missing.
+SYSTEM_DEPS := redis-server:redis-server chromium:chromium
+
+system-deps:  ## Debian packages the tests need (apt, only what is missing)
+	@missing=""; for dep in $(SYSTEM_DEPS); do cmd=$${dep%%:*}; pkg=$${dep#*:}; \
+	  command -v $$cmd >/dev/null || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	else echo "system packages present: $(SYSTEM_DEPS)"; fi
 
 data:  ## Fashion-MNIST from Debian's dataset-fashion-mnist (apt)
 	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then echo "Fashion-MNIST present in $(FMNIST)"; \
