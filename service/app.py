@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 import onnxruntime as ort
 from fastapi import FastAPI
 
+from service.attention.store import create_store
 from service.deps import Serving
 from service.errors import install_error_handlers
 from service.images import ImageDecoder, ImageLimits
@@ -48,7 +49,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         inline_max_pixels=settings.inline_decode_max_pixels,
         threads=settings.decode_threads,
     )
-    app.state.serving = Serving(settings, registry, app.state.decoder)
+    store = create_store(settings, app.state.metrics.for_attention_store())
+    app.state.serving = Serving(settings, registry, app.state.decoder, store)
     loading = asyncio.create_task(registry.load(), name="load-models")
     try:
         yield
@@ -58,6 +60,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await loading
         await registry.close()
+        await store.close()
         app.state.decoder.close()
         log.info("stopped")
 

@@ -158,6 +158,7 @@ class Pending:
 
     rows: np.ndarray  # (n, ...) the request's input rows
     future: asyncio.Future
+    attention: bool = False  # this request wants the model's attention outputs too
     enqueued_at: float = field(default_factory=time.perf_counter)
     request_id: str | None = field(default_factory=current_request_id)  # to name it in the worker's logs
 
@@ -173,14 +174,15 @@ class Pending:
 class Batcher:
     """One model's queue and the single worker task that owns it.
 
-    ``run_batch`` maps the concatenated rows of a batch to an array, or a tuple of arrays, with one
-    row per input row; each request gets its own rows of each.
+    ``run_batch(rows, attention)`` maps the concatenated rows of a batch to an array, or a tuple of
+    arrays, with one row per input row; each request gets its own rows of each. ``attention`` is true
+    when some request of the batch asked for attention: only such batches pay for it.
     """
 
     def __init__(
         self,
         name: str,
-        run_batch: Callable[[np.ndarray], Any],
+        run_batch: Callable[[np.ndarray, bool], Any],
         *,
         max_batch_size: int,
         max_queue_images: int,
@@ -226,7 +228,7 @@ class Batcher:
                 await self._task
         await asyncio.to_thread(self._executor.shutdown, wait=True)  # a running batch finishes off the loop
 
-    def submit(self, rows: np.ndarray) -> asyncio.Future:
+    def submit(self, rows: np.ndarray, attention: bool = False) -> asyncio.Future:
         """Queue one request's rows; the future resolves to its output rows or a ``ServiceError``.
 
         Cancelling the future (client gone) removes the request before it is computed.
@@ -235,7 +237,7 @@ class Batcher:
             raise ShuttingDown(f"model {self.name} is shutting down")
         future = asyncio.get_running_loop().create_future()
         try:
-            self._state.admit(Pending(rows, future))
+            self._state.admit(Pending(rows, future, attention))
         except QueueFull as e:
             self._observer.rejected()
             raise Overloaded(
@@ -282,7 +284,8 @@ class Batcher:
         self._observer.batch_started(images, [started - p.enqueued_at for p in batch])
         try:
             x = batch[0].rows if len(batch) == 1 else np.concatenate([p.rows for p in batch])
-            out = await loop.run_in_executor(self._executor, self._run_batch, x)
+            attention = any(p.attention for p in batch)
+            out = await loop.run_in_executor(self._executor, self._run_batch, x, attention)
             outputs = out if isinstance(out, tuple) else (out,)
             if any(len(o) != images for o in outputs):
                 raise RuntimeError(f"the model returned {[len(o) for o in outputs]} rows for {images} inputs")

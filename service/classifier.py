@@ -62,8 +62,38 @@ class Preprocessing:
         return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Where the graph's attention output is and how its tokens map onto the image."""
+
+    output: str
+    layers: int
+    heads: int
+    tokens: int
+    prefix_tokens: int
+    grid: tuple[int, int]
+    patch_size: int
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, graph_outputs: set[str]) -> AttentionSpec | None:
+        """None when the entry declares no attention output (such a model serves without attention)."""
+        a = manifest.get("attention")
+        if not a:
+            return None
+        try:
+            spec = cls(str(a["output"]), int(a["layers"]), int(a["heads"]), int(a["tokens"]), int(a["prefix_tokens"]),
+                       (int(a["grid"][0]), int(a["grid"][1])), int(a["patch_size"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ManifestError(f"manifest attention section is incomplete or malformed: {e!r}") from e
+        if spec.output not in graph_outputs:
+            raise ManifestError(f"manifest names attention output {spec.output!r}, the graph has {sorted(graph_outputs)}")
+        if spec.tokens != spec.prefix_tokens + spec.grid[0] * spec.grid[1]:
+            raise ManifestError(f"attention: {spec.tokens} tokens are not {spec.prefix_tokens} + the {spec.grid} grid")
+        return spec
+
+
 class Classifier:
-    """Runs the ``logits`` output only: attention is not computed unless asked for."""
+    """Runs the ``logits`` output only, unless a batch holds a request that asked for attention."""
 
     def __init__(self, entry: Entry, handle: SessionHandle) -> None:
         manifest = entry.manifest
@@ -84,6 +114,8 @@ class Classifier:
                 f"has inputs {sorted(graph_inputs)} and outputs {sorted(graph_outputs)}"
             )
         self._outputs = [self.logits_name]
+        self.attention = AttentionSpec.from_manifest(manifest, graph_outputs)
+        self._with_attention = self._outputs + ([self.attention.output] if self.attention else [])
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -95,20 +127,34 @@ class Classifier:
         (logits,) = self.handle.session.run(self._outputs, {self.input_name: x})
         return logits
 
+    def run_with_attention(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N, C, H, W) -> (logits (N, classes), attention (N, layers, heads, tokens, tokens))."""
+        if self.attention is None:
+            raise ManifestError(f"model {self.name} has no attention output")
+        logits, attention = self.handle.session.run(self._with_attention, {self.input_name: x})
+        return logits, attention
+
     def warm_up(self, max_batch_size: int, should_stop=lambda: False) -> None:
         """Run every batch size once so no client pays for first-run allocations or kernel selection."""
         for n in range(1, max_batch_size + 1):
             if should_stop():
                 return
             self.run(np.zeros((n, *self.input_shape), np.float32))
+        if self.attention is not None and not should_stop():
+            self.run_with_attention(np.zeros((1, *self.input_shape), np.float32))
 
-    def infer(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """uint8 (N, H, W, C) -> (softmax probabilities (N, classes), class indices best first (N, classes)).
+    def infer(self, pixels: np.ndarray, attention: bool = False) -> tuple[np.ndarray, ...]:
+        """uint8 (N, H, W, C) -> (softmax probabilities (N, classes), class indices best first (N, classes)),
+        plus the attention (N, layers, heads, tokens, tokens) when ``attention`` is true.
 
         The batcher calls this on its thread once per batch, so normalisation and softmax cost the
         event loop nothing and run vectorised over the batch.
         """
-        return ranked_softmax(self.run(self.preprocessing.normalize(pixels)))
+        x = self.preprocessing.normalize(pixels)
+        if not attention:
+            return ranked_softmax(self.run(x))
+        logits, maps = self.run_with_attention(x)
+        return (*ranked_softmax(logits), maps)
 
     def top_k(self, probabilities: np.ndarray, order: np.ndarray, k: int) -> list[list[dict]]:
         """The answer for each row: its k best labels with their probabilities."""

@@ -33,9 +33,12 @@ Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 _ids = itertools.count()
 
 
-def session_fn(session) -> Graph:
-    """An onnxruntime ``InferenceSession`` as a name -> array callable."""
-    names = [o.name for o in session.get_outputs()]
+def session_fn(session, outputs: Sequence[str] | None = None) -> Graph:
+    """An onnxruntime ``InferenceSession`` as a name -> array callable fetching ``outputs`` (default: all)."""
+    names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
+    missing = set(names) - {o.name for o in session.get_outputs()}
+    if missing:
+        raise ValueError(f"the graph has no outputs {sorted(missing)}")
     return lambda feeds: dict(zip(names, session.run(names, feeds)))
 
 

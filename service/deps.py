@@ -13,6 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from service.attention.store import AttentionStore
 from service.images import ImageDecoder
 from service.metrics import Metrics
 from service.registry import Registry
@@ -26,6 +27,7 @@ class Serving:
     settings: Settings
     registry: Registry
     decoder: ImageDecoder
+    attention: AttentionStore
 
 
 async def get_serving(request: Request) -> Serving:

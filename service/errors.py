@@ -52,6 +52,10 @@ class ModelNotFound(ServiceError):
     status, code = 404, "model_not_found"
 
 
+class AttentionNotFound(ServiceError):
+    status, code = 404, "attention_not_found"
+
+
 class BodyTooLarge(ServiceError):
     status, code = 413, "body_too_large"
 
@@ -84,6 +88,12 @@ class ModelNotReady(ServiceError):
 
 class ShuttingDown(ServiceError):
     status, code = 503, "shutting_down"
+
+
+class AttentionStoreUnavailable(ServiceError):
+    """The shared attention store (Redis) cannot be reached, or cannot hold a record this large."""
+
+    status, code = 503, "attention_store_unavailable"
 
 
 class InferenceFailed(ServiceError):

@@ -76,6 +76,17 @@ class Metrics:
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
 
+        self.attention_records = Gauge("attnserve_attention_store_records", "Attention records kept (memory store).", registry=r)
+        self.attention_bytes = Gauge("attnserve_attention_store_bytes", "Bytes of attention maps kept (memory store).", registry=r)
+        self.attention_evictions = Counter(
+            "attnserve_attention_store_evictions", "Attention records removed before being asked for again, by reason "
+            "(`ttl`: expired, `size`: evicted for the size cap).", ["reason"], registry=r,
+        )  # fmt: skip
+        self.attention_failures = Counter(
+            "attnserve_attention_store_failures", "Attention-store calls that failed (Redis unreachable), by operation.",
+            ["operation"], registry=r,
+        )  # fmt: skip
+
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
@@ -85,6 +96,9 @@ class Metrics:
 
     def for_decoder(self, model: str) -> DecodeMetrics:
         return DecodeMetrics(self, model)
+
+    def for_attention_store(self) -> AttentionStoreMetrics:
+        return AttentionStoreMetrics(self)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -160,3 +174,20 @@ class DecodeMetrics:
 
     def rejected(self) -> None:
         self._rejected.inc()
+
+
+class AttentionStoreMetrics:
+    """The attention store's view of the metrics (see ``service.attention.store.StoreObserver``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def stored(self, records: int, nbytes: int) -> None:
+        self._m.attention_records.set(records)
+        self._m.attention_bytes.set(nbytes)
+
+    def evicted(self, reason: str, count: int = 1) -> None:
+        self._m.attention_evictions.labels(reason).inc(count)
+
+    def failed(self, operation: str) -> None:
+        self._m.attention_failures.labels(operation).inc()

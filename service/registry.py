@@ -163,8 +163,9 @@ class Registry:
         graphs = entry.manifest["graphs"]
         encoder = create_session(model.path / graphs["encoder"]["file"], self.settings)
         decoder = create_session(model.path / graphs["decoder"]["file"], self.settings)
+        prefix = create_session(model.path / graphs["decoder_prefix"]["file"], self.settings) if "decoder_prefix" in graphs else None
         model.provider = decoder.provider
-        model.translator = Translator(entry, encoder, decoder)
+        model.translator = Translator(entry, encoder, decoder, prefix)
         model.status = Status.WARMING
         log.info("loaded %s on %s; warming up up to %d rows", model.key, decoder.provider,
                  self.settings.max_running_sequences)  # fmt: skip

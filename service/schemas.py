@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -15,7 +17,11 @@ class ClassifyOptions(BaseModel):
         None, min_length=1, max_length=200, description="Model name (default: the service's default classifier)."
     )
     return_attention: bool = Field(
-        False, description="Not available yet: `true` is refused with 422 until attention retrieval ships."
+        False, description="Also answer, per image, an `attention_id` (for `GET /attention/{id}`) and the class "
+        "token's attention rollout over the patch grid."
+    )
+    rollout_fusion: Literal["mean", "max"] = Field(
+        "mean", description="How the rollout fuses each layer's heads: their mean or their element-wise max."
     )
 
 
@@ -34,8 +40,23 @@ class LabelScore(BaseModel):
     score: float = Field(description="Softmax probability.")
 
 
+class AttentionError(BaseModel):
+    code: str = Field(description="`attention_store_unavailable`: the maps were computed but could not be kept.")
+    message: str
+
+
+class RolloutSummary(BaseModel):
+    kind: Literal["rollout"] = "rollout"
+    fusion: Literal["mean", "max"]
+    grid: list[int] = Field(description="[grid_h, grid_w]: the patch grid.")
+    rollout: list[list[float]] = Field(description="grid_h x grid_w: the class token's attention rollout over the patches.")
+
+
 class ImageResult(BaseModel):
     top_k: list[LabelScore]
+    attention_id: str | None = Field(None, description="With return_attention: the id of the full maps (null if the store failed).")
+    attention: RolloutSummary | None = None
+    attention_error: AttentionError | None = None
 
 
 class ClassifyResponse(BaseModel):
@@ -54,7 +75,8 @@ class TranslateRequest(BaseModel):
     length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="Beam hypotheses are ranked by score / length**length_penalty.")
     num_return_sequences: int = Field(1, ge=1, description="n-best list size (at most `beam_size`); > 1 adds `nbest`.")
     max_new_tokens: int | None = Field(None, ge=1, description="Generated-token limit (default: 1.5 x source tokens + 10, capped).")
-    return_attention: bool = Field(False, description="Not available yet: `true` is refused with 422.")
+    return_attention: bool = Field(False, description="Also answer, per text, an `attention_id` and the source-target "
+                                   "alignment of the returned translation.")
     stream: bool = Field(False, description="Answer `text/event-stream`: a `token` event per generated token "
                          "(greedy), then a `done` event with the full result. One text only.")
 
@@ -76,12 +98,23 @@ class Hypothesis(BaseModel):
     finished: bool = Field(description="False when the length limit stopped it before its end-of-sentence token.")
 
 
+class AlignmentSummary(BaseModel):
+    source_tokens: list[str]
+    target_tokens: list[str] = Field(description="The generated pieces, `</s>` last when the translation finished.")
+    layer: int = Field(description="The decoder layer the alignment is taken from (the last).")
+    reduction: str
+    alignment: list[list[float]] = Field(description="target x source: each row sums to 1.")
+
+
 class TranslationResult(BaseModel):
     translation: str
     source_tokens: list[str] = Field(description="Subword pieces of the source (`▁` starts a word), eos included.")
     target_tokens: list[str]
     finished: bool
     nbest: list[Hypothesis] | None = Field(None, description="Best first; only when num_return_sequences > 1.")
+    attention_id: str | None = Field(None, description="With return_attention: the id of the full maps (null if the store failed).")
+    attention: AlignmentSummary | None = None
+    attention_error: AttentionError | None = None
 
 
 class TranslateResponse(BaseModel):

@@ -112,6 +112,20 @@ class Settings(BaseSettings):
     )
     decode_threads: int = Field(2, ge=1, le=256, description="Threads decoding large images.")
 
+    # --- attention store ----------------------------------------------------------------------
+    attention_store: Literal["memory", "redis"] = Field(
+        "memory", description="Where attention maps asked for are kept: `memory` (this process) or `redis` "
+        "(shared by every replica that uses the same Redis)."
+    )
+    redis_url: str = Field("redis://localhost:6379/0", min_length=1, description="Redis of the `redis` attention store.")
+    redis_timeout_s: float = Field(
+        0.5, gt=0.0, le=60.0, description="Connect/read timeout of each Redis call; past it the store counts as unreachable."
+    )
+    attention_ttl_s: int = Field(600, ge=1, le=7 * 86400, description="Seconds an attention id stays retrievable.")
+    attention_max_bytes: int = Field(
+        256 * MiB, ge=1 * MiB, description="Memory store: total size of kept maps; the least recently used go first."
+    )
+
     @field_validator("image_formats", mode="after")
     @classmethod
     def _upper_case_formats(cls, formats: tuple[str, ...]) -> tuple[str, ...]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.decoding import DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, session_fn, step
+import numpy as np
+
+from service.decoding import DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, pad_sources, session_fn, step
 from service.errors import InvalidField, TextTooLong
 from service.manifest import Entry, ManifestError
 from service.runtime import SessionHandle
@@ -27,7 +29,8 @@ class Limits:
 
 
 class Translator:
-    def __init__(self, entry: Entry, encoder: SessionHandle, decoder: SessionHandle) -> None:
+    def __init__(self, entry: Entry, encoder: SessionHandle, decoder: SessionHandle,
+                 prefix: SessionHandle | None = None) -> None:  # fmt: skip
         m = entry.manifest
         self.name, self.version = entry.name, entry.version
         try:
@@ -40,9 +43,18 @@ class Translator:
             raise ManifestError(f"{entry.path}: translation manifest is incomplete or malformed: {e!r}") from e
         if self.tokenizer.special.as_dict() != {k: int(v) for k, v in special.items()}:
             raise ManifestError(f"{entry.path}: tokenizer special ids differ from the manifest's")
-        self.encoder: Graph = session_fn(encoder.session)
-        self.decoder: Graph = session_fn(decoder.session)
+        # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
+        self.encoder: Graph = session_fn(encoder.session, ["cross_keys", "cross_values"])
+        self.decoder: Graph = session_fn(decoder.session, ["log_probs", "present_keys", "present_values"])
         self.provider = encoder.provider
+        self._encoder_attention: Graph = session_fn(encoder.session, ["cross_keys", "cross_values", "encoder_attentions"])
+        self._prefix: Graph | None = None
+        if prefix is not None:
+            self._prefix = session_fn(prefix.session, ["self_attentions", "cross_attentions"])
+
+    @property
+    def has_attention(self) -> bool:
+        return self._prefix is not None
 
     def requests(self, texts: list[str], *, limits: Limits, beam_size: int, length_penalty: float,
                  num_return_sequences: int, max_new_tokens: int | None) -> list[Request]:  # fmt: skip
@@ -83,6 +95,42 @@ class Translator:
             while len(batch):
                 _, batch = self.step(batch)
             size *= 2
+        if self.has_attention and not should_stop():
+            self.attention([[5, self.spec.eos_id]], [Hypothesis([7], 0.0, True)])
+
+    def attention(self, sources: list[list[int]], hypotheses: list[Hypothesis]) -> list[dict[str, np.ndarray]]:
+        """Every attention map of each (source, returned hypothesis) pair, in one encoder and one
+        teacher-forced decoder run: the rows are exactly those the hypothesis's own decoding steps
+        computed (its tokens are fed back), whichever beam it came from.
+
+        Per pair: ``encoder_self_attention`` (Le, H, S, S), ``decoder_self_attention`` (Ld, H, T, T)
+        and ``cross_attention`` (Ld, H, T, S), where S counts the source's tokens (eos included) and
+        T the generated ones (eos included when the hypothesis finished).
+        """
+        if self._prefix is None:
+            raise ManifestError(f"model {self.name} has no decoder_prefix graph: no attention maps")
+        spec = self.spec
+        ids, mask = pad_sources(sources, spec.pad_id)
+        enc = self._encoder_attention({"src_ids": ids, "src_mask": mask})
+        rows = [len(h.tokens) + int(h.finished) for h in hypotheses]
+        tgt = np.full((len(hypotheses), max(rows)), spec.pad_id, dtype=np.int64)
+        for i, (h, n) in enumerate(zip(hypotheses, rows)):
+            tgt[i, :n] = [spec.bos_id, *h.tokens][:n]
+        dec = self._prefix({"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"],
+                            "src_mask": mask})  # fmt: skip
+        out = []
+        for i, (src, n) in enumerate(zip(sources, rows)):
+            s = len(src)
+            out.append({"encoder_self_attention": enc["encoder_attentions"][i, :, :, :s, :s],
+                        "decoder_self_attention": dec["self_attentions"][i, :, :, :n, :n],
+                        "cross_attention": dec["cross_attentions"][i, :, :, :n, :s]})  # fmt: skip
+        return out
+
+    def target_pieces(self, h: Hypothesis) -> tuple[list[str], list[str]]:
+        """(the pieces each attention row generated, the pieces each row was fed: `<s>` then the tokens)."""
+        spec = self.spec
+        generated = self.tokenizer.pieces(h.tokens + ([spec.eos_id] if h.finished else []))
+        return generated, self.tokenizer.pieces([spec.bos_id, *h.tokens])[: len(generated)]
 
     def hypothesis(self, h: Hypothesis, length_penalty: float) -> dict:
         return {"translation": self.tokenizer.decode(h.tokens), "score": h.score,

@@ -20,6 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Receive
 
+from service.attention.capture import store_records, vit_record, vit_summary
+from service.attention.store import AttentionStore
 from service.classifier import Classifier
 from service.deps import ServingDep
 from service.errors import (
@@ -38,7 +40,7 @@ from service.settings import Settings
 router = APIRouter(tags=["classification"])
 
 MULTIPART_TYPE = "multipart/form-data"
-FORM_OPTION_FIELDS = ("top_k", "model", "return_attention")
+FORM_OPTION_FIELDS = ("top_k", "model", "return_attention", "rollout_fusion")
 
 
 _REQUEST_BODY_DOC = {
@@ -55,6 +57,8 @@ _REQUEST_BODY_DOC = {
                                  "description": "One `file` part per image."},
                         "top_k": {"type": "integer", "default": 5, "minimum": 1},
                         "model": {"type": "string"},
+                        "return_attention": {"type": "boolean", "default": False},
+                        "rollout_fusion": {"type": "string", "enum": ["mean", "max"], "default": "mean"},
                     },
                 }  # fmt: skip
             },
@@ -73,6 +77,7 @@ _REQUEST_BODY_DOC = {
 async def classify(request: Request, serving: ServingDep) -> Response:
     """Top-k labels with softmax scores for each image, in request order."""
     registry, settings, decoder = serving.registry, serving.settings, serving.decoder
+    attention = False
     with registry.intake.receiving():
         images, options = await _read_request(request, settings)
         served = registry.get(options.model)
@@ -81,14 +86,25 @@ async def classify(request: Request, serving: ServingDep) -> Response:
             raise RuntimeError(f"model {served.key} is ready without a session")
         _check_options(options, classifier, settings)
         rows = await _prepare(images, classifier, decoder)
-        future = batcher.submit(rows)
-    probabilities, order = await _result_or_disconnect(future, request.receive)
-    body = {
-        "model": classifier.name,
-        "version": classifier.version,
-        "results": [{"top_k": top} for top in classifier.top_k(probabilities, order, options.top_k)],
-    }
+        attention = options.return_attention
+        future = batcher.submit(rows, attention=attention)
+    out = await _result_or_disconnect(future, request.receive)
+    results = [{"top_k": top} for top in classifier.top_k(out[0], out[1], options.top_k)]
+    if attention:  # out[2]: the attention of this request's images (other requests may have asked for it too)
+        await _attach_attention(results, out[2], rows, classifier, options, serving.attention)
+    body = {"model": classifier.name, "version": classifier.version, "results": results}
     return Response(json.dumps(body).encode(), media_type=JSON_TYPE)
+
+
+async def _attach_attention(results: list[dict], maps: np.ndarray, rows: np.ndarray, classifier: Classifier,
+                            options: ClassifyOptions, store: AttentionStore) -> None:  # fmt: skip
+    spec = classifier.attention
+    assert spec is not None  # _check_options refused the request otherwise
+    records = []
+    for result, attention, pixels in zip(results, maps, rows):
+        result["attention"] = vit_summary(spec, attention, options.rollout_fusion)
+        records.append(vit_record(classifier.name, classifier.version, spec, attention, pixels, result["top_k"][0]))
+    await store_records(store, records, results)
 
 
 async def _read_request(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:
@@ -157,8 +173,8 @@ async def _read_multipart(request: Request) -> tuple[list[bytes], ClassifyOption
 
 
 def _check_options(options: ClassifyOptions, classifier: Classifier, settings: Settings) -> None:
-    if options.return_attention:
-        raise InvalidField("return_attention is not available yet; omit it or send false")
+    if options.return_attention and classifier.attention is None:
+        raise InvalidField(f"model {classifier.name} exports no attention output; omit return_attention")
     limit = min(settings.max_top_k, len(classifier.labels))
     if options.top_k > limit:
         raise InvalidField(

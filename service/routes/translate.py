@@ -18,6 +18,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
+from service.attention.capture import store_records, translation_record, translation_summary
+from service.attention.store import AttentionStore
+from service.decoding import Request as DecodeRequest
 from service.deps import ServingDep
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body
@@ -38,19 +41,23 @@ async def translate(request: Request, serving: ServingDep) -> Response:
     translator, scheduler = served.translator, served.scheduler
     if translator is None or scheduler is None:  # READY translation models always have both
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
+    if body.return_attention and not translator.has_attention:
+        raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
     requests = translator.requests(
         body.all_texts, beam_size=body.beam_size, length_penalty=body.length_penalty,
         num_return_sequences=body.num_return_sequences, max_new_tokens=body.max_new_tokens,
         limits=Limits(settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens),
     )  # fmt: skip
     nbest = body.num_return_sequences > 1
+    store = serving.attention if body.return_attention else None
     if body.stream:
         (ticket,) = scheduler.submit(requests, stream=True)
-        return StreamingResponse(_events(ticket, translator, nbest), media_type="text/event-stream",
+        return StreamingResponse(_events(ticket, translator, nbest, store), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
     tickets = scheduler.submit(requests)
     await _results_or_disconnect(tickets, request.receive)
-    return Response(json.dumps(_answer(translator, tickets, nbest), ensure_ascii=False).encode(), media_type=JSON_TYPE)
+    answer = await _answer(translator, tickets, nbest, store)
+    return Response(json.dumps(answer, ensure_ascii=False).encode(), media_type=JSON_TYPE)
 
 
 async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
@@ -63,16 +70,31 @@ async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
         raise InvalidField(f"{len(texts)} texts in one request; at most {settings.max_texts_per_request}")
     if body.beam_size > settings.max_beam_size:
         raise InvalidField(f"beam_size: must be at most {settings.max_beam_size}")
-    if body.return_attention:
-        raise InvalidField("return_attention is not available yet")
     if body.stream and len(texts) != 1:
         raise InvalidField("stream: true takes exactly one text")
     return body
 
 
-def _answer(translator: Translator, tickets: list[Ticket], nbest: bool) -> dict:
-    return {"model": translator.name, "version": translator.version,
-            "results": [translator.result(t.request, nbest) for t in tickets]}  # fmt: skip
+async def _answer(translator: Translator, tickets: list[Ticket], nbest: bool, store: AttentionStore | None) -> dict:
+    results = [translator.result(t.request, nbest) for t in tickets]
+    if store is not None:
+        await _attach_attention(results, [t.request for t in tickets], translator, store)
+    return {"model": translator.name, "version": translator.version, "results": results}
+
+
+async def _attach_attention(results: list[dict], requests: list[DecodeRequest], translator: Translator,
+                            store: AttentionStore) -> None:  # fmt: skip
+    """The returned hypotheses' attention, computed now (off the event loop), summarised and stored."""
+    best = [r.results()[0] for r in requests]
+    maps = await asyncio.to_thread(translator.attention, [r.source for r in requests], best)
+    records = []
+    for result, req, h, m in zip(results, requests, best, maps):
+        generated, fed = translator.target_pieces(h)
+        source = result["source_tokens"]
+        result["attention"] = translation_summary(m["cross_attention"], source, generated)
+        records.append(translation_record(translator.name, translator.version, m, source, generated, fed,
+                                          result["translation"]))  # fmt: skip
+    await store_records(store, records, results)
 
 
 async def _results_or_disconnect(tickets: list[Ticket], receive: Receive) -> None:
@@ -102,7 +124,8 @@ def _sse(event: str, data: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-async def _events(ticket: Ticket, translator: Translator, nbest: bool) -> AsyncIterator[bytes]:
+async def _events(ticket: Ticket, translator: Translator, nbest: bool,
+                  store: AttentionStore | None) -> AsyncIterator[bytes]:  # fmt: skip
     """Token events as the scheduler produces them, then the final result; cancels on disconnect."""
     tok = translator.tokenizer
     try:
@@ -116,6 +139,6 @@ async def _events(ticket: Ticket, translator: Translator, nbest: bool) -> AsyncI
                                                            error.message if error else "decoding failed") + b"\n\n"  # fmt: skip
                 return
             yield _sse("token", {"index": len(item) - 1, "token": tok.pieces(item[-1:])[0], "text": tok.decode(item)})
-        yield _sse("done", _answer(translator, [ticket], nbest))
+        yield _sse("done", await _answer(translator, [ticket], nbest, store))
     finally:  # the client went away (the generator was closed) or the stream ended: either way, stop decoding
         ticket.cancel()

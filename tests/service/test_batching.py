@@ -85,15 +85,17 @@ class Doubler:
 
     def __init__(self) -> None:
         self.batches: list[np.ndarray] = []
+        self.attention: list[bool] = []
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
         self.fail_when = lambda x: False
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, attention: bool) -> np.ndarray:
         self.entered.set()
         self.gate.wait(timeout=30)
         self.batches.append(x.copy())
+        self.attention.append(attention)
         if self.fail_when(x):
             raise RuntimeError("simulated onnxruntime failure")
         return x * 2
@@ -135,6 +137,27 @@ def test_every_request_gets_its_own_rows_back_and_concurrent_ones_share_a_run():
     for v, out in zip((10, 20, 30), results[1:]):
         assert np.array_equal(out, rows(2 * v, 2 * v + 1))
     assert [len(b) for b in model.batches] == [1, 6]  # the three waiting requests ran together
+
+
+def test_only_batches_holding_an_attention_request_ask_the_model_for_attention():
+    async def scenario():
+        model = Doubler()
+        batcher = make_batcher(model)
+        batcher.start()
+        await batcher.submit(rows(1))
+        model.gate.clear()  # hold a batch so that a plain and an attention request queue up together
+        held = batcher.submit(rows(2))
+        await asyncio.to_thread(model.entered.wait, 30)
+        mixed = [batcher.submit(rows(3)), batcher.submit(rows(4), attention=True)]
+        model.gate.set()
+        await asyncio.gather(held, *mixed)
+        await batcher.submit(rows(5))
+        await batcher.stop()
+        return model
+
+    model = asyncio.run(scenario())
+    assert [len(b) for b in model.batches] == [1, 1, 2, 1]
+    assert model.attention == [False, False, True, False]
 
 
 def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_keeps_serving():

@@ -202,8 +202,8 @@ ERROR_CASES = {
     "no images": (dict(json={"images": []}), 422, "invalid_field"),
     "images not a list": (dict(json={"images": "abc"}), 422, "invalid_field"),
     "unknown field": (dict(json={"images": [_b64(_png(28, 28))], "topk": 3}), 422, "invalid_field"),
-    "return_attention": (dict(json={"images": [_b64(_png(28, 28))], "return_attention": True}), 422,
-                         "invalid_field"),  # fmt: skip
+    "rollout fusion": (dict(json={"images": [_b64(_png(28, 28))], "return_attention": True, "rollout_fusion": "min"}),
+                       422, "invalid_field"),  # fmt: skip
     "multipart without file": (dict(files=[("image", ("a.png", _png(28, 28), "image/png"))]), 422,
                                "invalid_field"),  # fmt: skip
 }

@@ -140,7 +140,7 @@ BAD = {
     "n-best over beam": (dict(text="a", beam_size=2, num_return_sequences=3), 422, "invalid_field"),
     "max_new_tokens": (dict(text="a", max_new_tokens=100_000), 422, "invalid_field"),
     "length penalty": (dict(text="a", length_penalty=-1), 422, "invalid_field"),
-    "attention": (dict(text="a", return_attention=True), 422, "invalid_field"),
+    "attention not a bool": (dict(text="a", return_attention="yes"), 422, "invalid_field"),
     "stream two": (dict(texts=["a", "b"], stream=True), 422, "invalid_field"),
     "unknown field": (dict(text="a", temperature=0.7), 422, "invalid_field"),
     "unknown model": (dict(text="a", model="nope"), 404, "model_not_found"),

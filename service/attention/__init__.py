@@ -1,0 +1,1 @@
+"""Attention maps: capture, summaries (rollout, alignment), the store behind ids, views and heatmaps."""

@@ -1,0 +1,63 @@
+"""From a model's attention outputs to stored records and the compact summaries answers carry inline.
+
+Called by the routes only for requests that asked for attention. A store that cannot take a record
+(Redis unreachable) costs the request its ``attention_id`` but never its predictions: the answer
+says why instead (``attention_error``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from service.attention.record import AttentionRecord
+from service.attention.rollout import Fusion, alignment, class_token_rollout
+from service.attention.store import AttentionStore
+from service.classifier import TASK as IMAGE_CLASSIFICATION
+from service.classifier import AttentionSpec
+from service.errors import AttentionStoreUnavailable
+from service.translator import TASK as TRANSLATION
+
+log = logging.getLogger("attnserve.attention")
+
+VIT_MAP = "self_attention"
+TRANSLATION_MAPS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
+ALIGNMENT_REDUCTION = "cross-attention of the last decoder layer, mean over heads"
+
+
+def vit_record(model: str, version: str, spec: AttentionSpec, attention: np.ndarray, pixels: np.ndarray,
+               prediction: dict) -> AttentionRecord:  # fmt: skip
+    """One image's (layers, heads, tokens, tokens) attention and the pixels the model saw."""
+    meta = {"grid": list(spec.grid), "prefix_tokens": spec.prefix_tokens, "patch_size": spec.patch_size,
+            "prediction": prediction}  # fmt: skip
+    return AttentionRecord(IMAGE_CLASSIFICATION, model, version, {VIT_MAP: attention}, meta, pixels)
+
+
+def vit_summary(spec: AttentionSpec, attention: np.ndarray, fusion: Fusion) -> dict:
+    grid = class_token_rollout(attention, spec.grid, spec.prefix_tokens, fusion)
+    return {"kind": "rollout", "fusion": fusion, "grid": list(spec.grid), "rollout": grid.tolist()}
+
+
+def translation_record(model: str, version: str, maps: dict[str, np.ndarray], source_tokens: list[str],
+                       target_tokens: list[str], decoder_input_tokens: list[str], translation: str) -> AttentionRecord:  # fmt: skip
+    meta = {"source_tokens": source_tokens, "target_tokens": target_tokens,
+            "decoder_input_tokens": decoder_input_tokens, "translation": translation}  # fmt: skip
+    return AttentionRecord(TRANSLATION, model, version, maps, meta)
+
+
+def translation_summary(cross_attention: np.ndarray, source_tokens: list[str], target_tokens: list[str]) -> dict:
+    layers = cross_attention.shape[0]
+    return {"source_tokens": source_tokens, "target_tokens": target_tokens, "layer": layers - 1,
+            "reduction": ALIGNMENT_REDUCTION, "alignment": alignment(cross_attention).tolist()}  # fmt: skip
+
+
+async def store_records(store: AttentionStore, records: list[AttentionRecord], results: list[dict]) -> None:
+    """Put each record and write its id (or why there is none) into the matching result."""
+    for record, result in zip(records, results):
+        try:
+            result["attention_id"] = await store.put(record)
+        except AttentionStoreUnavailable as e:
+            log.warning("attention not stored: %s", e.message)
+            result["attention_id"] = None
+            result["attention_error"] = {"code": e.code, "message": e.message}
