@@ -22,6 +22,7 @@ from tqdm import tqdm
 from export.common import (
     ExportError, StagedEntry, cpu_session, framework_versions, graph_io, max_abs_diff, next_version, now_iso,
 )  # fmt: skip
+from export.samples import write_samples
 from model.data import load_image_dataset
 from model.cli import CliError, run_cli
 from model.training import load_checkpoint
@@ -160,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             "pytorch_test_accuracy": ckpt["evaluation"]["test_accuracy"],
             "parity": {**parity, "logits_tolerance": LOGITS_TOL, "attention_tolerance": ATTENTION_TOL},
         }  # fmt: skip
-        final = stage.commit(build_manifest(ckpt, args.name, version, graph_io(graph), evaluation))
+        manifest = build_manifest(ckpt, args.name, version, graph_io(graph), evaluation)
+        manifest["samples"] = write_samples(stage.dir, data.test_images, data.test_labels, manifest["labels"])
+        final = stage.commit(manifest)
     print(f"wrote {final}: test accuracy {accuracy:.4f}, parity max |dlogits| {parity['max_abs_logits']:.1e}, "
           f"max |dattention| {parity['max_abs_attention']:.1e}", file=sys.stderr)  # fmt: skip
     if args.int8:

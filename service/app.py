@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import onnxruntime as ort
 from fastapi import FastAPI
+from starlette.staticfiles import StaticFiles
 
 from service.attention.store import create_store
 from service.deps import Serving
@@ -25,6 +26,7 @@ from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.registry import Registry
 from service.routes import ROUTERS
+from service.routes.web import STATIC
 from service.runtime import available_providers, check_gpu_available
 from service.settings import Settings
 
@@ -81,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")  # the web page's script and style
     # Added last = outermost: the request id and metrics cover even bodies refused for their size.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics, access_log=settings.access_log)

@@ -73,12 +73,19 @@ class ServedModel:
         if self.classifier is not None:
             p = self.classifier.preprocessing
             out["input"] = {"image_size": p.image_size, "channels": p.channels, "color_mode": p.color_mode}
+            a = self.classifier.attention
+            if a is not None:
+                out["attention"] = {"layers": a.layers, "heads": a.heads, "grid": list(a.grid)}
         if self.batcher is not None:
             out["max_batch_size"] = self.batcher.max_batch_size
         if self.translator is not None:
             out["languages"] = m.get("languages")
             out["decoding"] = {"default_beam_size": self.translator.default_beam,
                                "default_length_penalty": self.translator.default_length_penalty}  # fmt: skip
+            if self.translator.has_attention:
+                att = m.get("attention", {})
+                out["attention"] = {"encoder_layers": att.get("encoder", {}).get("layers"),
+                                    "decoder_layers": self.translator.spec.layers, "heads": self.translator.spec.heads}  # fmt: skip
         if self.scheduler is not None:
             out["scheduler"] = self.scheduler.state()
         return out

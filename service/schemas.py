@@ -153,6 +153,7 @@ class ModelInfo(BaseModel):
     languages: dict[str, str] | None = Field(None, description="Translation: source and target language.")
     decoding: dict | None = Field(None, description="Translation: defaults the model was evaluated with.")
     scheduler: dict | None = Field(None, description="Translation: sequences running and waiting now.")
+    attention: dict | None = Field(None, description="Attention geometry: layers and heads (and the ViT's patch grid).")
     evaluation: dict | None = Field(None, description="Figures measured at export (accuracy, BLEU, parity).")
 
 

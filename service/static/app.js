@@ -1,0 +1,168 @@
+// The attnserve page: it calls the public API (GET /models, /samples; POST /classify, /translate;
+// GET /attention/{id}.png) like any client would.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { vit: null, translator: null, vitId: null, trId: null };
+
+function status(text, isError = false) {
+  $("status").textContent = text;
+  $("status").className = isError ? "error" : "";
+}
+
+async function api(path, options) {
+  const r = await fetch(path, options);
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error(body.error ? `${body.error.code}: ${body.error.message}` : `HTTP ${r.status}`);
+  return body;
+}
+
+function fillSelect(select, values, labels = values) {
+  select.replaceChildren(...values.map((v, i) => new Option(labels[i], v)));
+}
+
+function heads(n) {
+  return [["", ...Array.from({ length: n }, (_, i) => i)], ["mean", ...Array.from({ length: n }, (_, i) => `${i}`)]];
+}
+
+async function loadModels() {
+  const { models } = await api("/models");
+  $("models").replaceChildren(...models.map((m) => {
+    const li = document.createElement("li");
+    li.textContent = `${m.name} v${m.version} (${m.task}) on ${m.provider || m.status}`;
+    return li;
+  }));
+  state.vit = models.find((m) => m.task === "image-classification" && m.status === "ready");
+  state.translator = models.find((m) => m.task === "translation" && m.status === "ready");
+  if (state.vit && state.vit.attention) {
+    const a = state.vit.attention;
+    fillSelect($("vit-layer"), [...Array(a.layers).keys()]);
+    $("vit-layer").value = a.layers - 1;
+    fillSelect($("vit-head"), ...heads(a.heads));
+  }
+  if (state.translator && state.translator.attention) setTranslatorSelectors();
+}
+
+function setTranslatorSelectors() {
+  const a = state.translator.attention;
+  const layers = $("tr-kind").value === "encoder" ? a.encoder_layers : a.decoder_layers;
+  fillSelect($("tr-layer"), [...Array(layers).keys()]);
+  $("tr-layer").value = layers - 1;
+  fillSelect($("tr-head"), ...heads(a.heads));
+}
+
+async function loadSamples() {
+  const { images, texts } = await api("/samples");
+  $("samples").replaceChildren(...images.map((s) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.setAttribute("role", "listitem");
+    b.title = b.ariaLabel = `Sample: ${s.label}`;
+    const img = new Image(56, 56);
+    img.src = s.url;
+    img.alt = s.label;
+    b.append(img);
+    b.onclick = async () => classify(await (await fetch(s.url)).blob());
+    return b;
+  }));
+  $("sentences").replaceChildren(...texts.slice(0, 5).map((t) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "chip";
+    b.textContent = t.text;
+    b.onclick = () => { $("text").value = t.text; $("translate-form").requestSubmit(); };
+    return b;
+  }));
+}
+
+const toBase64 = (blob) => new Promise((resolve, reject) => {
+  const reader = new FileReader();
+  reader.onload = () => resolve(reader.result);  // a data URL: the service accepts it as is
+  reader.onerror = reject;
+  reader.readAsDataURL(blob);
+});
+
+async function classify(blob) {
+  status("Classifying…");
+  try {
+    const body = await api("/classify", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ images: [await toBase64(blob)], top_k: 5, return_attention: true }),
+    });
+    const result = body.results[0];
+    state.vitId = result.attention_id;
+    $("topk").replaceChildren(...result.top_k.map((t) => {
+      const li = document.createElement("li");
+      const pct = (100 * t.score).toFixed(1);
+      li.innerHTML = `<span class="label"></span><meter min="0" max="1" value="${t.score}"></meter><span class="pct">${pct}%</span>`;
+      li.querySelector(".label").textContent = t.label;
+      return li;
+    }));
+    $("classify-result").hidden = false;
+    updateVitHeatmap();
+    status(result.attention_id ? `${result.top_k[0].label} (${body.model} v${body.version})` : `No attention id: ${result.attention_error.message}`);
+  } catch (e) { status(e.message, true); }
+}
+
+function updateVitHeatmap() {
+  if (!state.vitId) return;
+  const kind = $("vit-kind").value;
+  $("vit-layer").disabled = $("vit-head").disabled = kind === "rollout";
+  $("vit-fusion").disabled = kind !== "rollout";
+  const q = new URLSearchParams({ kind });
+  if (kind === "rollout") q.set("fusion", $("vit-fusion").value);
+  else {
+    q.set("layer", $("vit-layer").value);
+    if ($("vit-head").value !== "") q.set("head", $("vit-head").value);
+  }
+  $("vit-heatmap").src = `/attention/${state.vitId}.png?${q}`;
+}
+
+async function translate(event) {
+  event.preventDefault();
+  status("Translating…");
+  try {
+    const body = await api("/translate", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ text: $("text").value, beam_size: Number($("beam").value), return_attention: true }),
+    });
+    const result = body.results[0];
+    $("translation").textContent = result.translation;
+    state.trId = result.attention_id;
+    $("translate-result").hidden = false;
+    updateAlignment();
+    status(`Translated by ${body.model} v${body.version}`);
+  } catch (e) { status(e.message, true); }
+}
+
+function updateAlignment() {
+  if (!state.trId) return;
+  const q = new URLSearchParams({ kind: $("tr-kind").value, layer: $("tr-layer").value });
+  if ($("tr-head").value !== "") q.set("head", $("tr-head").value);
+  $("alignment").src = `/attention/${state.trId}.png?${q}`;
+}
+
+function setUpDrop() {
+  const drop = $("drop");
+  $("upload").onchange = () => $("upload").files[0] && classify($("upload").files[0]);
+  drop.ondragover = (e) => { e.preventDefault(); drop.classList.add("over"); };
+  drop.ondragleave = () => drop.classList.remove("over");
+  drop.ondrop = (e) => {
+    e.preventDefault();
+    drop.classList.remove("over");
+    if (e.dataTransfer.files[0]) classify(e.dataTransfer.files[0]);
+  };
+}
+
+document.addEventListener("DOMContentLoaded", async () => {
+  ["vit-kind", "vit-fusion", "vit-layer", "vit-head"].forEach((id) => { $(id).onchange = updateVitHeatmap; });
+  $("tr-kind").onchange = () => { setTranslatorSelectors(); updateAlignment(); };
+  ["tr-layer", "tr-head"].forEach((id) => { $(id).onchange = updateAlignment; });
+  $("translate-form").onsubmit = translate;
+  setUpDrop();
+  try {
+    await loadModels();
+    await loadSamples();
+    status("Ready.");
+  } catch (e) { status(`The service is not ready: ${e.message}`, true); }
+});

@@ -1,0 +1,109 @@
+"""The web page (GET /) in a real headless browser: Debian's Chromium driven by Playwright.
+
+A person's path through it: the page lists the models, a sample image is classified and its
+heatmap drawn, another layer is picked, an uploaded image is classified, a sentence is translated
+and its alignment drawn. Screenshots go to ``test-artifacts/`` for a person to look at.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.conftest import ROOT
+from tests.service.service_testing import start_subprocess_server
+
+from service.attention import render
+
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_vit_repository, tiny_translator_repository, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("web") / "models"
+    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
+    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
+    srv = start_subprocess_server(tmp_path_factory.mktemp("web-server"), repo)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM, "chromium is not installed: run `make system-deps`"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        page.errors = []
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        page.goto(server.url + "/")
+        yield page
+        browser.close()
+
+
+def loaded_width(page, selector: str) -> int:
+    """Wait until the <img> has loaded its current src; its natural width."""
+    page.wait_for_function("s => { const i = document.querySelector(s); return i.src && i.complete && i.naturalWidth > 0; }",
+                           arg=selector, timeout=30_000)  # fmt: skip
+    return page.eval_on_selector(selector, "i => i.naturalWidth")
+
+
+def test_a_sample_image_is_classified_with_its_heatmap(page, server):
+    page.wait_for_selector("#samples button")
+    assert "vit v1" in page.inner_text("#models") and "CPUExecutionProvider" in page.inner_text("#models")
+    samples = httpx.get(server.url + "/samples").json()["images"]
+    assert page.locator("#samples button").count() == len(samples) == 10
+    page.click("#samples button >> nth=9")
+    page.wait_for_selector("#topk li")
+    labels = [t.strip() for t in page.locator("#topk .label").all_inner_texts()]
+    png = httpx.get(server.url + samples[9]["url"]).content
+    import base64
+
+    api = httpx.post(server.url + "/classify", json={"images": [base64.b64encode(png).decode()]}).json()
+    assert labels == [t["label"] for t in api["results"][0]["top_k"]]
+    assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
+    rollout_src = page.get_attribute("#vit-heatmap", "src")
+    page.select_option("#vit-kind", "attention")
+    page.select_option("#vit-head", "1")
+    page.wait_for_function(f"document.getElementById('vit-heatmap').src !== {rollout_src!r}")
+    assert "layer=" in page.get_attribute("#vit-heatmap", "src") and "head=1" in page.get_attribute("#vit-heatmap", "src")
+    assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
+    page.screenshot(path=str(ARTIFACTS / "web-classify.png"), full_page=True)
+    assert not page.errors
+
+
+def test_an_uploaded_image_is_classified(page, fashion_pngs, tmp_path):
+    path = Path(tmp_path) / "mine.png"
+    path.write_bytes(fashion_pngs[0])
+    before = page.get_attribute("#vit-heatmap", "src")
+    page.set_input_files("#upload", str(path))
+    page.wait_for_function(f"document.getElementById('vit-heatmap').src !== {before!r}")
+    assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
+    assert page.locator("#topk li").count() == 5 and "error" not in (page.get_attribute("#status", "class") or "")
+
+
+def test_a_sentence_is_translated_with_its_alignment(page, server):
+    text = "Open the dialog."
+    page.fill("#text", text)
+    page.select_option("#beam", "4")
+    page.click("#translate-form button[type=submit]")
+    page.wait_for_function("document.getElementById('translation').textContent.length > 0")
+    api = httpx.post(server.url + "/translate", json={"text": text, "beam_size": 4, "return_attention": True}).json()
+    result = api["results"][0]
+    assert page.inner_text("#translation") == result["translation"]
+    rows, cols = len(result["attention"]["target_tokens"]), len(result["source_tokens"])
+    assert loaded_width(page, "#alignment") == render.grid_size(rows, cols)[0]
+    page.select_option("#tr-kind", "encoder")
+    page.wait_for_function("document.getElementById('alignment').src.includes('kind=encoder')")
+    assert loaded_width(page, "#alignment") == render.grid_size(cols, cols)[0]
+    page.screenshot(path=str(ARTIFACTS / "web-translate.png"), full_page=True)
+    assert not page.errors
