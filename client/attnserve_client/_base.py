@@ -77,6 +77,8 @@ class BaseClient:
         max_retries: int | None,
     ) -> None:  # fmt: skip
         self.base_url = (base_url or os.environ.get("ATTNSERVE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
         self.api_key = api_key if api_key is not None else os.environ.get("ATTNSERVE_API_KEY") or None
         self.timeout = timeout if timeout is not None else _env_number("ATTNSERVE_TIMEOUT", float, DEFAULT_TIMEOUT)
         self.max_retries = (

@@ -45,11 +45,12 @@ class EventDecoder:
             self._data.append(value)
         return None  # comments (":...") and the fields this API does not use (id, retry)
 
-    def finish(self) -> None:
-        """The connection ended: complete a last event without its blank line; a stream without ``done`` failed."""
-        self._dispatch()
+    def finish(self) -> StreamEvent | None:
+        """The connection ended: the event its last lines make, if any; a stream without ``done`` failed."""
+        event = self._dispatch()  # a last event may lack its closing blank line
         if self.result is None:
             raise errors.APIConnectionError("the stream ended before its done event", request_id=self.request_id)
+        return event
 
     def _dispatch(self) -> StreamEvent | None:
         event, data = self._event, "\n".join(self._data)
@@ -101,7 +102,8 @@ class TranslationStream(_StreamBase):
             for line in self.response.iter_lines():
                 if (event := self._decoder.feed(line)) is not None:
                     yield event
-            self._decoder.finish()
+            if (event := self._decoder.finish()) is not None:
+                yield event
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:
@@ -125,7 +127,8 @@ class AsyncTranslationStream(_StreamBase):
             async for line in self.response.aiter_lines():
                 if (event := self._decoder.feed(line)) is not None:
                     yield event
-            self._decoder.finish()
+            if (event := self._decoder.finish()) is not None:
+                yield event
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         finally:

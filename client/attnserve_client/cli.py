@@ -36,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as e:  # an unreadable image file, a bad ATTNSERVE_* variable
         print(f"attnserve-client: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, e.g. during a stream: the connection is closed on the way out
+        return 130
 
 
 def _common_options(parser: argparse.ArgumentParser, default: object) -> None:

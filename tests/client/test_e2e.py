@@ -32,8 +32,8 @@ def test_health_readiness_and_models(api):
     assert api.health().status == "ok"
     readiness = api.ready()
     assert readiness.ready and readiness.reason is None
-    assert readiness.models == {"vit/1": "ready", "translator/1": "ready"}
     models = {m.name: m for m in api.models()}
+    assert readiness.models == {f"{m.name}/{m.version}": "ready" for m in models.values()}
     assert models["vit"].task == "image-classification" and models["vit"].input.image_size == 28
     assert models["translator"].languages == {"source": "en", "target": "de"}
     assert all(m.status == "ready" and m.provider == "CPUExecutionProvider" for m in models.values())

@@ -53,6 +53,8 @@ def test_settings_come_from_arguments_then_environment_then_defaults(cls, monkey
     monkeypatch.setenv("ATTNSERVE_MAX_RETRIES", "many")
     with pytest.raises(ValueError, match="ATTNSERVE_MAX_RETRIES"):
         cls()
+    with pytest.raises(ValueError, match="http://"):
+        cls(base_url="localhost:8000", max_retries=0)
 
 
 def test_every_request_carries_auth_user_agent_request_id_and_timeout(make_client):
@@ -116,6 +118,19 @@ def test_a_stream_asks_for_server_sent_events(make_client):
     (request,) = script.requests
     assert request.headers["Accept"] == "text/event-stream"
     assert json.loads(request.content) == {"text": "Open the file.", "max_new_tokens": 5, "stream": True}
+
+
+def test_server_sent_events_are_parsed_by_the_protocol_not_by_line_shapes(make_client):
+    body = (
+        ': a comment\r\nevent: token\r\ndata: {"index": 0, "token": "\u2581Sch", "text": "Sch\ufffd"}\r\n\r\n'
+        'event: token\ndata: {"index": 1, "token": "\u00f6n", "text": "Sch\u00f6n"}\nid: 7\n\n'
+        "event: unknown\ndata: {}\n\n"
+        'event: done\ndata: {"model": "translator", "version": "1",\ndata:  "results": []}'
+    )  # no final blank line
+    events = list(make_client(Script(httpx.Response(200, content=body.encode()))).translate_stream("Nice."))
+    assert [e.type for e in events] == ["token", "token", "done"]
+    assert [e.delta for e in events[:2]] == ["Sch", "\u00f6n"]  # a character split over tokens shows once whole
+    assert events[-1].response.model == "translator"
 
 
 def test_attention_ids_are_quoted_and_only_given_options_sent(make_client):
