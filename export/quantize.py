@@ -6,6 +6,7 @@ agreement with the fp32 graph, so nobody ships it without seeing what it costs.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,8 +23,12 @@ def export_int8(fp32_entry: Path, repository: Path, name: str, version: str, for
                 x_test: np.ndarray, y_test: np.ndarray) -> Path:  # fmt: skip
     manifest = read_manifest(fp32_entry)
     with StagedEntry(repository, name, version, force) as stage:
+        for graph in manifest["graphs"].values():  # the serving graph and the attention graph alike
+            quantize_dynamic(str(fp32_entry / graph["file"]), str(stage.dir / graph["file"]),
+                             weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])  # fmt: skip
+        for sample in manifest.get("samples", []):
+            shutil.copy(fp32_entry / sample["file"], stage.dir / sample["file"])
         src, dst = fp32_entry / "model.onnx", stage.dir / "model.onnx"
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
         fp32, int8 = cpu_session(src), cpu_session(dst)
         ref = np.concatenate([fp32.run([LOGITS], {INPUT: x_test[i : i + 500]})[0] for i in range(0, len(x_test), 500)])
         got = np.concatenate([int8.run([LOGITS], {INPUT: x_test[i : i + 500]})[0] for i in range(0, len(x_test), 500)])

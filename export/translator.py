@@ -4,7 +4,8 @@
 
 Three graphs and the tokenizer: ``encoder.onnx`` (run once per request: encoder output, every
 decoder layer's cross-attention keys/values, encoder self-attention), ``decoder.onnx`` (one step
-with a key/value cache; names and layouts in ``service/decoding.py``), ``decoder_prefix.onnx`` (a
+with a key/value cache, log-probs and cache only; names and layouts in ``service/decoding.py``),
+``decoder_prefix.onnx`` (a
 whole target prefix without a cache: scores and attention maps of a finished translation in one
 run, and the uncached baseline of the benchmark), plus ``tokenizer.model``.
 
@@ -30,6 +31,7 @@ from tqdm import tqdm
 from export.common import (
     ExportError, StagedEntry, cpu_session, framework_versions, graph_io, max_abs_diff, next_version, now_iso,
 )  # fmt: skip
+from export.graphs import keep_outputs
 from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import load_checkpoint
@@ -109,7 +111,11 @@ def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
         dynamic_shapes={"tokens": {0: batch}, "positions": {0: batch}, "past_keys": {1: batch, 3: past},
                         "past_values": {1: batch, 3: past}, "cache_mask": {0: batch, 1: past},
                         "cross_keys": kv, "cross_values": kv, "src_mask": {0: batch, 1: src}},
-    ).save(str(folder / "decoder.onnx"))  # fmt: skip
+    ).save(str(folder / "decoder-with-attention.onnx"))  # fmt: skip
+    # Decoding fetches log-probs and the cache only; per-step attention outputs would still be
+    # stacked at every step, so the step graph drops them (attention comes from decoder_prefix).
+    keep_outputs(folder / "decoder-with-attention.onnx", folder / "decoder.onnx", DECODER_OUTPUTS[:3])
+    (folder / "decoder-with-attention.onnx").unlink()
     tgt = torch.export.Dim("tgt_len", min=1, max=model.cfg.max_positions)
     torch.onnx.export(
         PrefixDecoderGraph(model).eval(), (torch.ones(2, 4, dtype=torch.long), dec_args[5], dec_args[6], enc_args[1]),
@@ -257,10 +263,6 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
         "attention": {
             "encoder": {"output": "encoder_attentions", "layout": ["batch", "layer", "head", "query", "key"],
                         "layers": cfg.encoder_layers},
-            "decoder_cross": {"output": "cross_attentions", "layout": ["batch", "layer", "head", "source"],
-                              "layers": cfg.decoder_layers},
-            "decoder_self": {"output": "self_attentions", "layout": ["batch", "layer", "head", "target"],
-                             "layers": cfg.decoder_layers},
             "prefix": {"graph": "decoder_prefix", "self": ["batch", "layer", "head", "target", "target"],
                        "cross": ["batch", "layer", "head", "target", "source"]},
             "heads": cfg.heads,

@@ -95,7 +95,7 @@ class AttentionSpec:
 class Classifier:
     """Runs the ``logits`` output only, unless a batch holds a request that asked for attention."""
 
-    def __init__(self, entry: Entry, handle: SessionHandle) -> None:
+    def __init__(self, entry: Entry, handle: SessionHandle, attention_handle: SessionHandle | None = None) -> None:
         manifest = entry.manifest
         if manifest.get("task") != TASK:
             raise ManifestError(f"{entry.path}: task {manifest.get('task')!r} is not {TASK!r}")
@@ -114,7 +114,14 @@ class Classifier:
                 f"has inputs {sorted(graph_inputs)} and outputs {sorted(graph_outputs)}"
             )
         self._outputs = [self.logits_name]
-        self.attention = AttentionSpec.from_manifest(manifest, graph_outputs)
+        # Attention comes from its own graph when the entry has one (the serving graph then computes
+        # logits only); older entries carry it as a second output of the serving graph.
+        in_own_graph = (manifest.get("attention") or {}).get("graph", "model") != "model"
+        self._attention_session = attention_handle.session if attention_handle else None if in_own_graph else handle.session
+        self.attention = None
+        if self._attention_session is not None:
+            outputs = {o.name for o in self._attention_session.get_outputs()}
+            self.attention = AttentionSpec.from_manifest(manifest, outputs)
         self._with_attention = self._outputs + ([self.attention.output] if self.attention else [])
 
     @property
@@ -129,9 +136,9 @@ class Classifier:
 
     def run_with_attention(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(N, C, H, W) -> (logits (N, classes), attention (N, layers, heads, tokens, tokens))."""
-        if self.attention is None:
+        if self.attention is None or self._attention_session is None:
             raise ManifestError(f"model {self.name} has no attention output")
-        logits, attention = self.handle.session.run(self._with_attention, {self.input_name: x})
+        logits, attention = self._attention_session.run(self._with_attention, {self.input_name: x})
         return logits, attention
 
     def warm_up(self, max_batch_size: int, should_stop=lambda: False) -> None:

@@ -17,8 +17,8 @@ Graphs are plain callables from input names to output names (an onnxruntime sess
   ``cross_keys``/``cross_values`` (L, B, H, S, Dh), ``encoder_attentions`` (B, Le, H, S, S)
 - decoder: ``tokens``/``positions`` (B, 1) int64, ``past_keys``/``past_values`` (L, B, H, T, Dh),
   ``cache_mask`` (B, T) bool, ``cross_keys``/``cross_values``, ``src_mask`` -> ``log_probs`` (B, V),
-  ``present_keys``/``present_values`` (L, B, H, T+1, Dh), ``self_attentions`` (B, L, H, T+1),
-  ``cross_attentions`` (B, L, H, S)
+  ``present_keys``/``present_values`` (L, B, H, T+1, Dh) (the exported graph has no per-step
+  attention outputs: a translation's maps come from ``decoder_prefix`` in one run, when asked for)
 """
 
 from __future__ import annotations

@@ -151,10 +151,11 @@ class Registry:
             if model.task == TRANSLATION:
                 self._load_translator(model, entry)
                 return
-            graph = model.path / entry.manifest["graphs"]["model"]["file"]
-            handle = create_session(graph, self.settings)
+            graphs = entry.manifest["graphs"]
+            handle = create_session(model.path / graphs["model"]["file"], self.settings)
+            attention = create_session(model.path / graphs["attention"]["file"], self.settings) if "attention" in graphs else None
             model.provider = handle.provider
-            model.classifier = Classifier(entry, handle)
+            model.classifier = Classifier(entry, handle, attention)
             model.status = Status.WARMING
             log.info("loaded %s on %s; warming up batch sizes 1..%d", model.key, handle.provider,
                      self.settings.max_batch_size)  # fmt: skip

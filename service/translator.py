@@ -47,9 +47,10 @@ class Translator:
         self.encoder: Graph = session_fn(encoder.session, ["cross_keys", "cross_values"])
         self.decoder: Graph = session_fn(decoder.session, ["log_probs", "present_keys", "present_values"])
         self.provider = encoder.provider
-        self._encoder_attention: Graph = session_fn(encoder.session, ["cross_keys", "cross_values", "encoder_attentions"])
+        self._encoder_attention: Graph | None = None
         self._prefix: Graph | None = None
-        if prefix is not None:
+        if prefix is not None:  # an entry without decoder_prefix serves translations without attention
+            self._encoder_attention = session_fn(encoder.session, ["cross_keys", "cross_values", "encoder_attentions"])
             self._prefix = session_fn(prefix.session, ["self_attentions", "cross_attentions"])
 
     @property
@@ -107,7 +108,7 @@ class Translator:
         and ``cross_attention`` (Ld, H, T, S), where S counts the source's tokens (eos included) and
         T the generated ones (eos included when the hypothesis finished).
         """
-        if self._prefix is None:
+        if self._prefix is None or self._encoder_attention is None:
             raise ManifestError(f"model {self.name} has no decoder_prefix graph: no attention maps")
         spec = self.spec
         ids, mask = pad_sources(sources, spec.pad_id)

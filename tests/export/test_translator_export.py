@@ -35,8 +35,7 @@ def test_graph_names_and_dynamic_axes_are_recorded(entry):
     assert [o["name"] for o in enc["outputs"]] == ["memory", "cross_keys", "cross_values", "encoder_attentions"]
     assert [i["name"] for i in dec["inputs"]] == ["tokens", "positions", "past_keys", "past_values", "cache_mask",
                                                   "cross_keys", "cross_values", "src_mask"]  # fmt: skip
-    assert [o["name"] for o in dec["outputs"]] == ["log_probs", "present_keys", "present_values",
-                                                   "self_attentions", "cross_attentions"]  # fmt: skip
+    assert [o["name"] for o in dec["outputs"]] == ["log_probs", "present_keys", "present_values"]  # no attention per step
     prefix = entry.manifest["graphs"]["decoder_prefix"]
     assert [i["name"] for i in prefix["inputs"]] == ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
     assert [o["name"] for o in prefix["outputs"]] == ["log_probs", "self_attentions", "cross_attentions"]

@@ -24,11 +24,13 @@ def test_manifest_describes_everything_the_service_needs(entry):
     m = read_manifest(entry)
     assert (m["name"], m["version"], m["task"]) == ("vit", "1", "image-classification")
     assert m["framework"]["opset"] >= 17
-    io = m["graphs"]["model"]
-    assert io["inputs"] == [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", 1, 28, 28]}]
-    assert [o["name"] for o in io["outputs"]] == ["logits", "attentions"]
+    io, attention = m["graphs"]["model"], m["graphs"]["attention"]
+    assert io["inputs"] == attention["inputs"] == [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", 1, 28, 28]}]
+    assert [o["name"] for o in io["outputs"]] == ["logits"]  # serving pays for no attention it was not asked for
+    assert [o["name"] for o in attention["outputs"]] == ["logits", "attentions"]
     cfg = ViTConfig.from_dict(m["model"]["config"])
-    assert io["outputs"][1]["shape"] == ["batch", cfg.depth, cfg.heads, cfg.num_tokens, cfg.num_tokens]
+    assert attention["outputs"][1]["shape"] == ["batch", cfg.depth, cfg.heads, cfg.num_tokens, cfg.num_tokens]
+    assert m["attention"]["graph"] == "attention" and m["attention"]["output"] == "attentions"
     assert m["labels"][0] == "T-shirt/top" and len(m["labels"]) == 10
     assert set(m["preprocessing"]) >= {"image_size", "channels", "color_mode", "mean", "std", "scale"}
     assert m["attention"]["grid"] == [4, 4] and m["attention"]["prefix_tokens"] == 1
@@ -38,14 +40,20 @@ def test_manifest_describes_everything_the_service_needs(entry):
     assert ev["parity"]["batch_sizes"] == [1, 8, 64] and ev["parity"]["argmax_identical"]
     assert ev["parity"]["max_abs_logits"] <= LOGITS_TOL and ev["parity"]["max_abs_attention"] <= ATTENTION_TOL
     assert m["training"]["seed"] == 0 and "model.train_vit" in m["training"]["command"]
-    assert set(m["files"]) == {"model.onnx"}
+    samples = m["samples"]
+    assert [s["index"] for s in samples] == list(range(10)) and [s["label"] for s in samples] == m["labels"]
+    assert set(m["files"]) == {"model.onnx", "model_attention.onnx"} | {s["file"] for s in samples}
 
 
-def test_graph_has_a_dynamic_batch_axis(entry):
-    session = ort.InferenceSession(str(entry / "model.onnx"), providers=["CPUExecutionProvider"])
+def test_graphs_have_a_dynamic_batch_axis_and_agree(entry):
+    serving, attention = (ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])
+                          for f in ("model.onnx", "model_attention.onnx"))  # fmt: skip
+    assert [o.name for o in serving.get_outputs()] == ["logits"]
     for bs in (1, 3, 17):
-        logits, attn = session.run(None, {"pixel_values": np.zeros((bs, 1, 28, 28), np.float32)})
-        assert logits.shape == (bs, 10) and attn.shape[0] == bs
+        x = np.random.default_rng(bs).normal(size=(bs, 1, 28, 28)).astype(np.float32)
+        (logits,) = serving.run(None, {"pixel_values": x})
+        same, attn = attention.run(None, {"pixel_values": x})
+        assert logits.shape == (bs, 10) and attn.shape[0] == bs and np.array_equal(logits, same)
 
 
 def test_onnx_matches_pytorch_on_real_images(entry, tiny_vit_checkpoint, fashion_mnist):
@@ -53,13 +61,13 @@ def test_onnx_matches_pytorch_on_real_images(entry, tiny_vit_checkpoint, fashion
     vit = ViT(ViTConfig.from_dict(ckpt["config"])).eval()
     vit.load_state_dict(ckpt["state_dict"])
     x = preprocess(fashion_mnist.test_images[:64], ckpt["preprocessing"])
-    report = parity_report(vit, cpu_session(entry / "model.onnx"), x)
+    report = parity_report(vit, cpu_session(entry / "model_attention.onnx"), x, logits_only=cpu_session(entry / "model.onnx"))
     check_parity(report)
     # and the check does fail when the graph drifts from the weights
     with torch.no_grad():
         vit.head.bias.add_(1e-2)
     with pytest.raises(ExportError, match="parity check failed"):
-        check_parity(parity_report(vit, cpu_session(entry / "model.onnx"), x))
+        check_parity(parity_report(vit, cpu_session(entry / "model_attention.onnx"), x))
 
 
 def test_manifest_round_trip(tmp_path, entry):
