@@ -32,9 +32,10 @@ install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
 install-dev: $(VENV)/.dev data system-deps  ## training, export and test dependencies + datasets
 
 # Debian packages the tests drive for real: a Redis server (shared attention store), a browser
-# (the web page's end-to-end test), Compose (parses docker-compose.yml; no Docker engine needed).
+# (the web page's end-to-end test), Compose (parses docker-compose.yml; no Docker engine needed),
+# wrk (the load generator of the benchmarks and their smoke test).
 # Each is installed only when its command is missing.
-SYSTEM_DEPS := redis-server:redis-server chromium:chromium docker-compose:docker-compose
+SYSTEM_DEPS := redis-server:redis-server chromium:chromium docker-compose:docker-compose wrk:wrk
 
 system-deps:  ## Debian packages the tests need (apt, only what is missing)
 	@missing=""; for dep in $(SYSTEM_DEPS); do cmd=$${dep%%:*}; pkg=$${dep#*:}; \
@@ -73,10 +74,10 @@ test: install-dev  ## the test suite CI runs (everything but the slow marker)
 test-all: install-dev  ## every test, including slow real-training runs
 	$(BIN)/python -m pytest
 
-bench: install-dev  ## benchmarks (ratios vs bare onnxruntime; installs Debian's wrk)
-	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
+bench: install-dev  ## benchmarks (ratios vs bare onnxruntime, attention costs)
 	$(BIN)/python -m benchmarks.bench_classify --repository $(MODELS)
 	$(BIN)/python -m benchmarks.bench_translate --repository $(MODELS)
+	$(BIN)/python -m benchmarks.bench_attention --repository $(MODELS)
 
 clean:  ## remove build outputs (keeps checkpoints and models)
 	rm -rf build dist *.egg-info .pytest_cache

@@ -80,6 +80,20 @@ async def translate_all(url: str, texts: list[str], attention: bool) -> float:
     return sum(len(r["target_tokens"]) + 1 for r in results) / seconds
 
 
+def classify_rate(service: Service, script: Path, args: argparse.Namespace) -> float:
+    out = run_wrk(service, script, args.clients, args.seconds, threads=2)
+    if out["non_2xx"] or out["errors"]:
+        raise SystemExit(f"{service.name}: {out['non_2xx']} non-2xx answers, {out['errors']} errors; see {service.log_path}")
+    return out["requests"] / out["seconds"]
+
+
+def check_attention(service: Service, body: bytes) -> None:
+    """The attention bodies really ask for (and get) attention: the figure is not of refused requests."""
+    result = service.classify(body, "application/json")["results"][0]
+    if not result.get("attention_id") or "rollout" not in result.get("attention", {}):
+        raise SystemExit(f"return_attention gave no attention: {result}")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_attention", description=__doc__.split("\n\n")[0])
     p.add_argument("--repository", type=Path, default=ROOT / "models")
@@ -99,23 +113,23 @@ def main(argv: list[str] | None = None) -> int:
         pngs, _ = load_test_images(vit_manifest)
         plain = write_script(workdir, "plain", *make_bodies(pngs, 1, "json"))
         bodies, ctype = make_bodies(pngs, 1, "json")
-        with_attention = write_script(workdir, "attention", [json.dumps({**json.loads(b), "return_attention": True}).encode()
-                                                             for b in bodies], ctype)  # fmt: skip
+        attention_bodies = [json.dumps({**json.loads(b), "return_attention": True}).encode() for b in bodies]
+        with_attention = write_script(workdir, "attention", attention_bodies, ctype)
         services = {"shipped": Service("shipped", args.repository, "vit", workdir, access_log="false"),
                     "no-attention": Service("no-attention", bare, "vit", workdir, access_log="false")}  # fmt: skip
         figures: dict[str, list[float]] = {}
         try:
             for s in services.values():
                 s.wait_ready()
+            check_attention(services["shipped"], attention_bodies[0])
             for r in range(args.rounds):
                 order = list(services) if r % 2 == 0 else list(services)[::-1]
                 for name in order:
-                    out = run_wrk(services[name], plain, args.clients, args.seconds, threads=2)
-                    figures.setdefault(f"classify {name}", []).append(out["requests"] / out["seconds"])
+                    figures.setdefault(f"classify {name}", []).append(classify_rate(services[name], plain, args))
                     tok = asyncio.run(translate_all(services[name].url, texts, attention=False))
                     figures.setdefault(f"translate {name}", []).append(tok)
-                out = run_wrk(services["shipped"], with_attention, args.clients, args.seconds, threads=2)
-                figures.setdefault("classify shipped, return_attention", []).append(out["requests"] / out["seconds"])
+                rate = classify_rate(services["shipped"], with_attention, args)
+                figures.setdefault("classify shipped, return_attention", []).append(rate)
                 tok = asyncio.run(translate_all(services["shipped"].url, texts, attention=True))
                 figures.setdefault("translate shipped, return_attention", []).append(tok)
                 print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)

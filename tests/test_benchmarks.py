@@ -12,3 +12,17 @@ def test_bench_translate_runs_and_prints_its_table(tiny_translator_repository, t
     for row in ("cached vs uncached decoding", "bare loop, batch 16, beam 4, 64 tokens", "PyTorch eager",
                 "continuous vs static batching", "time to first streamed token"):
         assert row in proc.stdout
+
+
+def test_bench_attention_runs_and_prints_its_table(tiny_vit_repository, tiny_translator_repository, tmp_path):
+    import shutil
+
+    repo = tmp_path / "models"
+    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
+    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
+    proc = run_module("benchmarks.bench_attention", "--repository", str(repo), "--rounds", "1", "--seconds", "1",
+                      "--clients", "4", timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for row in ("classify no-attention", "classify shipped, return_attention", "translate shipped",
+                "target: classify without attention >= 0.97", "target: translate without attention >= 0.97"):
+        assert row in proc.stdout
