@@ -29,6 +29,7 @@ COPY pyproject.toml README.md Makefile ./
 COPY model model
 COPY export export
 COPY service service
+COPY client client
 # install-dev: .[cpu,train,test] in .venv and Fashion-MNIST (apt: dataset-fashion-mnist); the corpus
 # step fetches trans-de-en and the LibreOffice help/l10n packages with apt-get download. The test
 # system packages (SYSTEM_DEPS: redis-server, chromium) are not needed to train.

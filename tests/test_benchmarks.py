@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tests.conftest import run_module
 
 
@@ -10,8 +12,10 @@ def test_bench_translate_runs_and_prints_its_table(tiny_translator_repository, t
                       "--checkpoint", str(tiny_translator_checkpoint), timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     for row in ("cached vs uncached decoding", "bare loop, batch 16, beam 4, 64 tokens", "PyTorch eager",
-                "continuous vs static batching", "time to first streamed token"):
+                "continuous vs static batching", "time to first streamed token", "batch 32 vs one at a time",
+                "bare loop vs CTranslate2, batch 16, beam 4, 64 tokens"):
         assert row in proc.stdout
+    assert re.search(r"greedy translations identical\s+32/32 sentences", proc.stdout)  # CTranslate2 decodes our model
 
 
 def test_bench_attention_runs_and_prints_its_table(tiny_vit_repository, tiny_translator_repository, tmp_path):
