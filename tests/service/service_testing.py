@@ -6,6 +6,7 @@ Kept out of conftest.py so test modules can import them by name (pytest puts thi
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +124,17 @@ def start_subprocess_server(tmp_path: Path, repository: Path, **settings: str) -
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
     log_file.close()
     return SubprocessServer(url=f"http://127.0.0.1:{port}", log_path=log_path, proc=proc)
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, repository: Path, **settings: str) -> Iterator[SubprocessServer]:
+    """``python -m service`` on ``repository``, ready, stopped on exit."""
+    srv = start_subprocess_server(tmp_path, repository, **settings)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
 
 
 class ThreadServer(Server):

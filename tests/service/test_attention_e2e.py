@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import io
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tests.service.service_testing import start_subprocess_server
+from tests.service.service_testing import serving
 from tests.service.test_attention import reference_rollout
 
 from service.attention import render
@@ -27,21 +26,9 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_vit_repository, tiny_translator_repository, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("attention") / "models"
-    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
-    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
-    return repo
-
-
-@pytest.fixture(scope="module")
-def server(repository, tmp_path_factory):
-    srv = start_subprocess_server(tmp_path_factory.mktemp("attention-server"), repository)
-    try:
-        srv.wait_ready()
+def server(both_repository, tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("attention"), both_repository) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

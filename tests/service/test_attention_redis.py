@@ -57,10 +57,8 @@ def redis(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def replicas(redis, tiny_vit_repository, tiny_translator_repository, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("replicas") / "models"
-    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
-    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
+def replicas(redis, both_repository, tmp_path_factory):
+    repo = both_repository
     servers = [start_subprocess_server(tmp_path_factory.mktemp(f"replica{i}"), repo, attention_store="redis",
                                        redis_url=redis.url, redis_timeout_s=0.3) for i in range(2)]  # fmt: skip
     try:

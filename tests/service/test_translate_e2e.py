@@ -8,7 +8,6 @@ its rows, and every bad input gets its status and JSON error.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import onnxruntime as ort
 import pytest
-from tests.service.service_testing import BASE_ENV, metric_value, start_subprocess_server, wait_until
+from tests.service.service_testing import BASE_ENV, metric_value, serving, wait_until
 
 from service.decoding import DecoderSpec, greedy, session_fn
 from service.tokenizer import Tokenizer
@@ -32,21 +31,14 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_vit_repository, tiny_translator_repository, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("both") / "models"
-    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
-    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
-    return repo
+def repository(both_repository):
+    return both_repository
 
 
 @pytest.fixture(scope="module")
 def server(repository, tmp_path_factory):
-    srv = start_subprocess_server(tmp_path_factory.mktemp("translate"), repository, max_text_chars=300)
-    try:
-        srv.wait_ready()
+    with serving(tmp_path_factory.mktemp("translate"), repository, max_text_chars=300) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.conftest import ROOT
-from tests.service.service_testing import start_subprocess_server
+from tests.service.service_testing import serving
 
 from service.attention import render
 
@@ -22,16 +22,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def server(tiny_vit_repository, tiny_translator_repository, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("web") / "models"
-    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
-    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
-    srv = start_subprocess_server(tmp_path_factory.mktemp("web-server"), repo)
-    try:
-        srv.wait_ready()
+def server(both_repository, tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("web"), both_repository) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +45,10 @@ def page(server):
 
 def loaded_width(page, selector: str) -> int:
     """Wait until the <img> has loaded its current src; its natural width."""
-    page.wait_for_function("s => { const i = document.querySelector(s); return i.src && i.complete && i.naturalWidth > 0; }",
-                           arg=selector, timeout=30_000)  # fmt: skip
-    return page.eval_on_selector(selector, "i => i.naturalWidth")
+    return page.wait_for_function(
+        "s => { const i = document.querySelector(s); return i.src && i.complete && i.naturalWidth > 0 && i.naturalWidth; }",
+        arg=selector, timeout=30_000,
+    ).json_value()  # the width of the image that was loaded when the wait ended, not of a later one
 
 
 def test_a_sample_image_is_classified_with_its_heatmap(page, server):
@@ -74,7 +68,7 @@ def test_a_sample_image_is_classified_with_its_heatmap(page, server):
     rollout_src = page.get_attribute("#vit-heatmap", "src")
     page.select_option("#vit-kind", "attention")
     page.select_option("#vit-head", "1")
-    page.wait_for_function(f"document.getElementById('vit-heatmap').src !== {rollout_src!r}")
+    page.wait_for_function(f"document.getElementById('vit-heatmap').getAttribute('src') !== {rollout_src!r}")
     assert "layer=" in page.get_attribute("#vit-heatmap", "src") and "head=1" in page.get_attribute("#vit-heatmap", "src")
     assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
     page.screenshot(path=str(ARTIFACTS / "web-classify.png"), full_page=True)
@@ -86,7 +80,7 @@ def test_an_uploaded_image_is_classified(page, fashion_pngs, tmp_path):
     path.write_bytes(fashion_pngs[0])
     before = page.get_attribute("#vit-heatmap", "src")
     page.set_input_files("#upload", str(path))
-    page.wait_for_function(f"document.getElementById('vit-heatmap').src !== {before!r}")
+    page.wait_for_function(f"document.getElementById('vit-heatmap').getAttribute('src') !== {before!r}")
     assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
     assert page.locator("#topk li").count() == 5 and "error" not in (page.get_attribute("#status", "class") or "")
 
