@@ -28,6 +28,10 @@ from service.translator import Translator
 
 log = logging.getLogger("attnserve.scheduler")
 
+# Decoder steps the worker thread may run back to back while the event loop has nothing to do.
+MAX_STEPS_PER_HOP = 16
+MAX_HOP_SECONDS = 0.02
+
 
 class DecodeObserver(Protocol):
     def step(self, rows: int, seconds: float, tokens: int) -> None: ...
@@ -175,10 +179,28 @@ class Scheduler:
             self._running[t.request.id] = t
         return new if batch is None else concatenate(batch, new)
 
+    def _steps(self, batch: DecodeBatch, streaming: bool) -> tuple[list[Request], DecodeBatch, list[tuple[int, float, int]]]:
+        """Decoder steps on the worker thread until the event loop has something to do: a request
+        finished or was cancelled, requests wait to join, a stream has a token to send, a request
+        has just produced its first token, or ``MAX_STEPS_PER_HOP`` / ``MAX_HOP_SECONDS`` ran out.
+        One thread hop per such event instead of one per step: at batch 1 a hop costs a good part
+        of a step. Returns (finished requests, the batch, (rows, seconds, tokens) of each step)."""
+        steps: list[tuple[int, float, int]] = []
+        deadline = time.perf_counter() + MAX_HOP_SECONDS
+        while True:
+            started, rows, sentences = time.perf_counter(), len(batch), len(batch.requests)
+            first = any(r.steps == 0 for r in batch.requests)
+            finished, batch = self.translator.step(batch)
+            now = time.perf_counter()
+            steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished)))
+            joinable = bool(self._waiting) and not self.static  # read across threads: a deque's length is atomic
+            if finished or not len(batch) or first or streaming or joinable or len(steps) >= MAX_STEPS_PER_HOP or now >= deadline:
+                return finished, batch, steps
+
     async def _step(self, loop, batch: DecodeBatch) -> DecodeBatch | None:
-        started, rows, sentences = time.perf_counter(), len(batch), len(batch.requests)
+        streaming = any(self._running[r.id].events is not None for r in batch.requests)
         try:
-            finished, batch = await loop.run_in_executor(self._executor, self.translator.step, batch)
+            finished, batch, steps = await loop.run_in_executor(self._executor, self._steps, batch, streaming)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -189,7 +211,8 @@ class Scheduler:
             self._fail(tickets, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
             return None
         now = time.perf_counter()
-        self._observer.step(rows, now - started, sentences - sum(r.cancelled for r in finished))
+        for rows, seconds, tokens in steps:
+            self._observer.step(rows, seconds, tokens)
         for req in finished:
             ticket = self._running.pop(req.id)
             self.running_rows -= req.beam
