@@ -13,6 +13,7 @@ def test_bench_translate_runs_and_prints_its_table(tiny_translator_repository, t
     assert proc.returncode == 0, proc.stderr
     for row in ("cached vs uncached decoding", "bare loop, batch 16, beam 4, 64 tokens", "PyTorch eager",
                 "continuous vs static batching", "time to first streamed token", "batch 32 vs one at a time",
+                "arriving 10 ms apart",
                 "bare loop vs CTranslate2, batch 16, beam 4, 64 tokens"):
         assert row in proc.stdout
     assert re.search(r"greedy translations identical\s+32/32 sentences", proc.stdout)  # CTranslate2 decodes our model
