@@ -104,3 +104,33 @@ def test_cancelled_requests_leave_and_free_their_rows():
 
     state = run(with_scheduler(body))
     assert state["running_rows"] == 0 and state["running_sequences"] == 0
+
+
+class StepCounter:
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int]] = []
+
+    def step(self, rows: int, seconds: float, tokens: int) -> None:
+        self.steps.append((rows, tokens))
+
+    def __getattr__(self, name):  # the other observer calls are not under test here
+        return lambda *args, **kwargs: None
+
+
+def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeypatch):
+    from service import scheduler as module
+
+    counter, hops = StepCounter(), []
+
+    async def body(sched):
+        real = sched._steps
+        sched._steps = lambda batch, streaming: hops.append(1) or real(batch, streaming)
+        (ticket,) = sched.submit([Request([B, EOS], 40)])  # B -> LONG: 40 tokens, no early end
+        return await ticket.future
+
+    monkeypatch.setattr(module, "MAX_HOP_SECONDS", 60.0)  # only the step budget and events end a hop
+    req = run(with_scheduler(body, observer=counter))
+    assert len(req.results()[0].tokens) == 40
+    assert counter.steps == [(1, 1)] * 40  # every step observed, one row, one token each
+    # first token (1 hop), then 16-step hops until it finishes: 1 + ceil(39 / 16) = 4 hops, not 40
+    assert len(hops) == 1 + -(-39 // module.MAX_STEPS_PER_HOP)
