@@ -36,8 +36,8 @@ PROFILES = {
     ),
     "default": dict(
         config=ViTConfig(patch_size=4, dim=96, depth=6, heads=4, mlp_ratio=2.0),
-        epochs=30, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_epochs=2.0,
-        label_smoothing=0.1, max_train=None, flip=True, shift=0, precision="auto", ema=0.0,
+        epochs=60, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_epochs=2.0,
+        label_smoothing=0.1, max_train=None, flip=True, shift=2, precision="auto", ema=0.999,
     ),
 }  # fmt: skip
 
