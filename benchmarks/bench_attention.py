@@ -31,11 +31,11 @@ import onnx
 import onnx.utils
 
 from benchmarks.bench_classify import Service, load_test_images, make_bodies, run_wrk, write_script
+from service.decoding import DECODING_OUTPUTS
 from service.manifest import describe_files, read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-KEEP = {"model": ["logits"], "encoder": ["cross_keys", "cross_values"],
-        "decoder": ["log_probs", "present_keys", "present_values"]}  # fmt: skip
+KEEP = {"model": ["logits"], **{role: list(names) for role, names in DECODING_OUTPUTS.items()}}
 
 
 def strip_entry(src: Path, dst: Path) -> None:
@@ -55,7 +55,6 @@ def strip_entry(src: Path, dst: Path) -> None:
             shutil.copy(src / name, dst / name)
     files = [p.name for p in dst.iterdir()]
     manifest = {k: v for k, v in manifest.items() if k != "attention"} | {"graphs": graphs, "files": describe_files(dst, files)}
-    manifest.pop("samples", None)
     write_manifest(dst, manifest)
 
 

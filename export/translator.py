@@ -36,7 +36,7 @@ from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import load_checkpoint
 from model.translation.textio import TextFileError, read_tsv
-from service.decoding import DecoderSpec, Graph, Hypothesis, beam_search, greedy, pad_sources, session_fn
+from service.decoding import DECODING_OUTPUTS, DecoderSpec, Graph, Hypothesis, beam_search, greedy, pad_sources, session_fn
 from service.tokenizer import Tokenizer
 
 ENCODER_INPUTS = ["src_ids", "src_mask"]
@@ -114,7 +114,7 @@ def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
     ).save(str(folder / "decoder-with-attention.onnx"))  # fmt: skip
     # Decoding fetches log-probs and the cache only; per-step attention outputs would still be
     # stacked at every step, so the step graph drops them (attention comes from decoder_prefix).
-    keep_outputs(folder / "decoder-with-attention.onnx", folder / "decoder.onnx", DECODER_OUTPUTS[:3])
+    keep_outputs(folder / "decoder-with-attention.onnx", folder / "decoder.onnx", list(DECODING_OUTPUTS["decoder"]))
     (folder / "decoder-with-attention.onnx").unlink()
     tgt = torch.export.Dim("tgt_len", min=1, max=model.cfg.max_positions)
     torch.onnx.export(

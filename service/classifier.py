@@ -116,8 +116,12 @@ class Classifier:
         self._outputs = [self.logits_name]
         # Attention comes from its own graph when the entry has one (the serving graph then computes
         # logits only); older entries carry it as a second output of the serving graph.
-        in_own_graph = (manifest.get("attention") or {}).get("graph", "model") != "model"
-        self._attention_session = attention_handle.session if attention_handle else None if in_own_graph else handle.session
+        if attention_handle is not None:
+            self._attention_session = attention_handle.session
+        elif (manifest.get("attention") or {}).get("graph", "model") == "model":
+            self._attention_session = handle.session
+        else:  # the entry's attention graph was not loaded: serve without attention
+            self._attention_session = None
         self.attention = None
         if self._attention_session is not None:
             outputs = {o.name for o in self._attention_session.get_outputs()}

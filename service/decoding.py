@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+# What decoding fetches from each graph; the exported step graph computes nothing else.
+DECODING_OUTPUTS = {"encoder": ("cross_keys", "cross_values"), "decoder": ("log_probs", "present_keys", "present_values")}
 _ids = itertools.count()
 
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.decoding import DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, pad_sources, session_fn, step
+from service.decoding import (
+    DECODING_OUTPUTS, DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, pad_sources, session_fn, step,
+)  # fmt: skip
 from service.errors import InvalidField, TextTooLong
 from service.manifest import Entry, ManifestError
 from service.runtime import SessionHandle
@@ -44,13 +46,13 @@ class Translator:
         if self.tokenizer.special.as_dict() != {k: int(v) for k, v in special.items()}:
             raise ManifestError(f"{entry.path}: tokenizer special ids differ from the manifest's")
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
-        self.encoder: Graph = session_fn(encoder.session, ["cross_keys", "cross_values"])
-        self.decoder: Graph = session_fn(decoder.session, ["log_probs", "present_keys", "present_values"])
+        self.encoder: Graph = session_fn(encoder.session, DECODING_OUTPUTS["encoder"])
+        self.decoder: Graph = session_fn(decoder.session, DECODING_OUTPUTS["decoder"])
         self.provider = encoder.provider
         self._encoder_attention: Graph | None = None
         self._prefix: Graph | None = None
         if prefix is not None:  # an entry without decoder_prefix serves translations without attention
-            self._encoder_attention = session_fn(encoder.session, ["cross_keys", "cross_values", "encoder_attentions"])
+            self._encoder_attention = session_fn(encoder.session, [*DECODING_OUTPUTS["encoder"], "encoder_attentions"])
             self._prefix = session_fn(prefix.session, ["self_attentions", "cross_attentions"])
 
     @property

@@ -70,34 +70,39 @@ def header(record: AttentionRecord, attention_id: str, ttl_s: float) -> dict:
             "created_at": record.created_at, "expires_at": record.created_at + ttl_s, **record.meta}  # fmt: skip
 
 
-def as_json(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str | None, layer: int | None,
-            head: int | None, fusion: Fusion) -> bytes:  # fmt: skip
-    body = header(record, attention_id, ttl_s)
+def _selection(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str | None, layer: int | None,
+               head: int | None, fusion: Fusion) -> tuple[dict, dict[str, np.ndarray]]:  # fmt: skip
+    """(the answer without arrays: header and each map's axes, kept layers/heads and token labels;
+    the arrays: each selected map, and ``rollout`` for the ViT)."""
+    body, arrays = header(record, attention_id, ttl_s), {}
     body["maps"] = {}
     for name in map_names(record, kind):
-        data, layers, heads = select(record, name, layer, head)
-        entry = {"axes": list(MAP_AXES), "shape": list(data.shape), "layers": layers, "heads": heads}
+        arrays[name], layers, heads = select(record, name, layer, head)
+        entry = body["maps"][name] = {"axes": list(MAP_AXES), "shape": list(arrays[name].shape), "layers": layers,
+                                      "heads": heads}  # fmt: skip
         tokens = axis_tokens(record, name)
         if tokens is not None:
             entry["query_tokens"], entry["key_tokens"] = tokens
-        entry["data"] = data.tolist()
-        body["maps"][name] = entry
     if record.task == IMAGE_CLASSIFICATION:
-        body["rollout"] = {"fusion": fusion, "data": vit_rollout(record, fusion).tolist()}
+        arrays["rollout"] = vit_rollout(record, fusion)
+        body["rollout"] = {"fusion": fusion}
+    return body, arrays
+
+
+def as_json(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str | None, layer: int | None,
+            head: int | None, fusion: Fusion) -> bytes:  # fmt: skip
+    body, arrays = _selection(record, attention_id, ttl_s, kind, layer, head, fusion)
+    for name, entry in body["maps"].items():
+        entry["data"] = arrays[name].tolist()
+    if "rollout" in arrays:
+        body["rollout"]["data"] = arrays["rollout"].tolist()
     return json.dumps(body, ensure_ascii=False).encode()
 
 
 def as_npz(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str | None, layer: int | None,
            head: int | None, fusion: Fusion) -> bytes:  # fmt: skip
     """One array per selected map (and ``rollout`` for the ViT); the rest of the JSON answer as ``meta.json``."""
-    meta = header(record, attention_id, ttl_s)
-    arrays, meta["maps"] = {}, {}
-    for name in map_names(record, kind):
-        arrays[name], layers, heads = select(record, name, layer, head)
-        meta["maps"][name] = {"axes": list(MAP_AXES), "layers": layers, "heads": heads}
-    if record.task == IMAGE_CLASSIFICATION:
-        arrays["rollout"] = vit_rollout(record, fusion)
-        meta["rollout"] = {"fusion": fusion}
+    meta, arrays = _selection(record, attention_id, ttl_s, kind, layer, head, fusion)
     arrays["meta.json"] = np.frombuffer(json.dumps(meta, ensure_ascii=False).encode(), dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **arrays)

@@ -14,7 +14,6 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from service.attention import render
-from service.attention.capture import VIT_MAP
 from service.attention.record import AttentionRecord
 from service.attention.rollout import Fusion
 from service.attention.store import AttentionStore
@@ -95,8 +94,8 @@ def _vit_heatmap(record: AttentionRecord, kind: str, layer: int | None, head: in
             raise InvalidField("layer/head select a raw map; the rollout combines every layer and head (use kind=attention)")
         heat, title = vit_rollout(record, fusion), f"attention rollout ({fusion} over heads): {label}"
     else:
-        map_names(record, kind)  # 422 for a kind the ViT does not have
-        matrix, kept, heads = _pick(record, VIT_MAP, layer, head)
+        (name,) = map_names(record, kind)  # 422 for a kind the ViT does not have
+        matrix, kept, heads = _pick(record, name, layer, head)
         p = meta["prefix_tokens"]
         heat = matrix[0, p:].reshape(meta["grid"])
         title = f"class token attention, layer {kept}, head {heads}: {label}"

@@ -77,7 +77,6 @@ _REQUEST_BODY_DOC = {
 async def classify(request: Request, serving: ServingDep) -> Response:
     """Top-k labels with softmax scores for each image, in request order."""
     registry, settings, decoder = serving.registry, serving.settings, serving.decoder
-    attention = False
     with registry.intake.receiving():
         images, options = await _read_request(request, settings)
         served = registry.get(options.model)
@@ -86,11 +85,10 @@ async def classify(request: Request, serving: ServingDep) -> Response:
             raise RuntimeError(f"model {served.key} is ready without a session")
         _check_options(options, classifier, settings)
         rows = await _prepare(images, classifier, decoder)
-        attention = options.return_attention
-        future = batcher.submit(rows, attention=attention)
+        future = batcher.submit(rows, attention=options.return_attention)
     out = await _result_or_disconnect(future, request.receive)
     results = [{"top_k": top} for top in classifier.top_k(out[0], out[1], options.top_k)]
-    if attention:  # out[2]: the attention of this request's images (other requests may have asked for it too)
+    if options.return_attention:  # out[2]: the attention of this request's images (other requests may have asked for it too)
         await _attach_attention(results, out[2], rows, classifier, options, serving.attention)
     body = {"model": classifier.name, "version": classifier.version, "results": results}
     return Response(json.dumps(body).encode(), media_type=JSON_TYPE)
