@@ -20,12 +20,14 @@ from starlette.staticfiles import StaticFiles
 from service.attention.store import create_store
 from service.deps import Serving
 from service.errors import install_error_handlers
+from service.fastlane import App
 from service.images import ImageDecoder, ImageLimits
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.registry import Registry
 from service.routes import ROUTERS
+from service.routes.classify import classify
 from service.routes.web import STATIC
 from service.runtime import available_providers, check_gpu_available
 from service.settings import Settings
@@ -67,12 +69,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("stopped")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None) -> App:
     """A new, independent app: its own settings, metrics registry, models and queues."""
     settings = settings or Settings()
     if not logging.getLogger("attnserve").handlers:
         configure_logging(settings.log_level, settings.log_format)
-    app = FastAPI(
+    app = App(
         title="attnserve",
         version=__version__,
         summary="Transformer models on onnxruntime, with dynamic batching.",
@@ -87,4 +89,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Added last = outermost: the request id and metrics cover even bodies refused for their size.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
+    app.add_lane("POST", "/classify", classify, max_body_bytes=settings.max_body_bytes, access_log=settings.access_log)
     return app

@@ -129,14 +129,22 @@ def _describe_validation(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts) + more
 
 
-async def _service_error(request: Request, exc: ServiceError) -> Response:
+def service_error_response(exc: ServiceError) -> Response:
     if exc.status >= 500:
         log.warning("answering %s %s: %s", exc.status, exc.code, exc.message)
     return error_response(exc.status, exc.code, exc.message, exc.headers)
 
 
-async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+def validation_error_response(exc: RequestValidationError) -> Response:
     return error_response(422, InvalidField.code, _describe_validation(list(exc.errors())))
+
+
+async def _service_error(request: Request, exc: ServiceError) -> Response:
+    return service_error_response(exc)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    return validation_error_response(exc)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -54,7 +54,8 @@ def to_pixels(im: Image.Image, image_size: int, color_mode: str) -> np.ndarray:
     try:
         im.load()  # decodes the first frame (GIF, multi-page TIFF) only
         ImageOps.exif_transpose(im, in_place=True)  # same pixels as training's copy, without copying
-        im = im.convert(color_mode)
+        if im.mode != color_mode:  # converting to the same mode would only copy
+            im = im.convert(color_mode)
         if im.size != (image_size, image_size):
             im = im.resize((image_size, image_size), Image.Resampling.BILINEAR)
         return np.asarray(im, dtype=np.uint8)

@@ -197,10 +197,10 @@ class Registry:
     def _start_batcher(self, model: ServedModel, classifier: Classifier) -> None:
         s = self.settings
         model.batcher = Batcher(
-            model.name, classifier.infer,
+            model.name, classifier.forward, prepare=classifier.preprocessing.normalize, finish=classifier.rank,
             max_batch_size=s.max_batch_size, max_queue_images=s.max_queue_images,
             max_queue_delay_s=s.max_queue_delay_ms / 1000.0, retry_after_s=s.retry_after_s,
-            intake=self.intake, observer=self.metrics.for_model(model.name),
+            instances=s.model_instances, intake=self.intake, observer=self.metrics.for_model(model.name),
         )  # fmt: skip
         model.batcher.start()
         self._mark_ready(model)

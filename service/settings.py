@@ -68,6 +68,12 @@ class Settings(BaseSettings):
 
     # --- batching -----------------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most images in one onnxruntime run.")
+    model_instances: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Batches of one model computing at once, each on its own thread of the model's onnxruntime session.",
+    )
     max_queue_delay_ms: float = Field(
         2.0,
         ge=0.0,

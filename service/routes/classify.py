@@ -1,9 +1,9 @@
 """``POST /classify``: images in (JSON base64 or multipart files), top-k labels out.
 
 One handler for both encodings, so both share validation, decoding and batching exactly and can
-never disagree. The handler decodes the images (the only per-image work on the event loop), then
-waits on the model's batcher, which normalises, runs and ranks whole batches on its thread; if the
-client disconnects meanwhile, its request is dropped before compute.
+never disagree. The handler decodes the images (the only per-image work), then waits on the model's
+batcher, which normalises and ranks whole batches on the event loop and runs onnxruntime on its
+thread; if the client disconnects meanwhile, its request is dropped before compute.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from starlette.types import Receive
 from service.attention.capture import store_records, vit_record, vit_summary
 from service.attention.store import AttentionStore
 from service.classifier import Classifier
-from service.deps import ServingDep
+from service.deps import Serving, ServingDep
 from service.errors import (
     ImageTooLarge,
     InvalidBase64,
@@ -74,8 +74,13 @@ _REQUEST_BODY_DOC = {
     openapi_extra=_REQUEST_BODY_DOC,
     summary="Classify one or more images",
 )
-async def classify(request: Request, serving: ServingDep) -> Response:
+async def classify_route(request: Request, serving: ServingDep) -> Response:
     """Top-k labels with softmax scores for each image, in request order."""
+    return await classify(request, serving)
+
+
+async def classify(request: Request, serving: Serving) -> Response:
+    """The handler itself; the app serves it as a lane (``service/fastlane.py``), outside FastAPI's stack."""
     registry, settings, decoder = serving.registry, serving.settings, serving.decoder
     with registry.intake.receiving():
         images, options = await _read_request(request, settings)
@@ -194,7 +199,7 @@ async def _prepare(images: list[bytes], classifier: Classifier, decoder: ImageDe
     return prep.stack(pixels)
 
 
-async def _result_or_disconnect(future: asyncio.Future, receive: Receive) -> tuple[np.ndarray, np.ndarray]:
+async def _result_or_disconnect(future: asyncio.Future, receive: Receive) -> tuple[np.ndarray, ...]:
     """The batcher's answer; if the client disconnects first, cancel the request so it is never computed."""
     watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, future))
     try:

@@ -105,7 +105,7 @@ def rows(*values: float) -> np.ndarray:
     return np.array(values, np.float32).reshape(-1, 1)
 
 
-def make_batcher(model: Doubler, **kw) -> Batcher:
+def make_batcher(model, **kw) -> Batcher:
     args = dict(max_batch_size=8, max_queue_images=32, max_queue_delay_s=0.002, intake=Intake())
     return Batcher("test", model, **{**args, **kw})
 
@@ -137,6 +137,72 @@ def test_every_request_gets_its_own_rows_back_and_concurrent_ones_share_a_run():
     for v, out in zip((10, 20, 30), results[1:]):
         assert np.array_equal(out, rows(2 * v, 2 * v + 1))
     assert [len(b) for b in model.batches] == [1, 6]  # the three waiting requests ran together
+
+
+def test_prepare_and_finish_run_on_the_loop_once_per_batch_and_only_the_model_on_the_thread():
+    threads: dict[str, list[int]] = {"prepare": [], "run": [], "finish": []}
+
+    def prepare(x: np.ndarray) -> np.ndarray:
+        threads["prepare"].append(threading.get_ident())
+        return x + 1
+
+    def finish(out: np.ndarray) -> np.ndarray:
+        threads["finish"].append(threading.get_ident())
+        return out * 10
+
+    async def scenario():
+        model = Doubler()
+
+        def run(x: np.ndarray, attention: bool) -> np.ndarray:
+            threads["run"].append(threading.get_ident())
+            return model(x, attention)
+
+        batcher = Batcher("test", run, prepare=prepare, finish=finish, max_batch_size=8, max_queue_images=32,
+                          max_queue_delay_s=0.002, intake=Intake())  # fmt: skip
+        batcher.start()
+        model.gate.clear()
+        first = batcher.submit(rows(1))
+        await asyncio.to_thread(model.entered.wait, 30)
+        others = [batcher.submit(rows(2)), batcher.submit(rows(3))]
+        model.gate.set()
+        results = await asyncio.gather(first, *others)
+        await batcher.stop()
+        return results, threading.get_ident()
+
+    results, loop_thread = asyncio.run(scenario())
+    assert [r.tolist() for r in results] == [[[40.0]], [[60.0]], [[80.0]]]  # (x + 1) * 2 * 10, each its own row
+    assert len(threads["prepare"]) == len(threads["finish"]) == len(threads["run"]) == 2  # two batches
+    assert set(threads["prepare"]) == set(threads["finish"]) == {loop_thread}
+    assert loop_thread not in threads["run"]
+
+
+def test_with_two_instances_a_second_batch_computes_while_the_first_is_held():
+    async def scenario():
+        first_model, entered_twice = Doubler(), threading.Semaphore(0)
+        release = threading.Event()
+
+        def run(x: np.ndarray, attention: bool) -> np.ndarray:
+            entered_twice.release()
+            release.wait(timeout=30)
+            return first_model(x, attention)
+
+        batcher = make_batcher(run, instances=2)
+        batcher.start()
+        a = batcher.submit(rows(1))
+        assert await asyncio.to_thread(entered_twice.acquire, True, 30)
+        b = batcher.submit(rows(2))
+        assert await asyncio.to_thread(entered_twice.acquire, True, 30)  # both in onnxruntime at once
+        c = batcher.submit(rows(3))  # no free instance: it queues
+        await asyncio.sleep(0.05)
+        queued = batcher.queued_images
+        release.set()
+        results = await asyncio.gather(a, b, c)
+        await batcher.stop()
+        return queued, results
+
+    queued, results = asyncio.run(scenario())
+    assert queued == 1
+    assert [r.tolist() for r in results] == [[[2.0]], [[4.0]], [[6.0]]]
 
 
 def test_only_batches_holding_an_attention_request_ask_the_model_for_attention():

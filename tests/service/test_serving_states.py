@@ -99,7 +99,8 @@ def test_readiness_is_503_until_warm_up_finished(thread_server, monkeypatch, fas
 def test_a_full_queue_answers_503_with_retry_after_and_the_queued_requests_complete(
     thread_server, gated_run, fashion_pngs
 ):
-    settings = dict(max_batch_size=2, max_images_per_request=2, max_queue_images=2, retry_after_s=3)
+    settings = dict(max_batch_size=2, max_images_per_request=2, max_queue_images=2, retry_after_s=3,
+                    model_instances=1)  # one batch held in flight, the next one queued behind it
     with thread_server(**settings) as srv, ThreadPoolExecutor(4) as pool:
         srv.wait_ready()
         gated_run.hold()
@@ -173,7 +174,7 @@ def raw_post(url: str, payload: bytes) -> socket.socket:
 def test_a_request_whose_client_left_is_dropped_before_compute(thread_server, gated_run, fashion_pngs):
     import json
 
-    with thread_server() as srv, ThreadPoolExecutor(2) as pool:
+    with thread_server(model_instances=1) as srv, ThreadPoolExecutor(2) as pool:  # the second request must queue
         srv.wait_ready()
         gated_run.sizes.clear()
         gated_run.hold()
