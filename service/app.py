@@ -28,6 +28,7 @@ from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.registry import Registry
 from service.routes import ROUTERS
 from service.routes.classify import classify
+from service.routes.translate import translate
 from service.routes.web import STATIC
 from service.runtime import available_providers, check_gpu_available
 from service.settings import Settings
@@ -89,5 +90,6 @@ def create_app(settings: Settings | None = None) -> App:
     # Added last = outermost: the request id and metrics cover even bodies refused for their size.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
-    app.add_lane("POST", "/classify", classify, max_body_bytes=settings.max_body_bytes, access_log=settings.access_log)
+    for path, handler in (("/classify", classify), ("/translate", translate)):
+        app.add_lane("POST", path, handler, max_body_bytes=settings.max_body_bytes, access_log=settings.access_log)
     return app

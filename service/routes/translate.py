@@ -21,7 +21,7 @@ from starlette.types import Receive
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
 from service.decoding import Request as DecodeRequest
-from service.deps import ServingDep
+from service.deps import Serving, ServingDep
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body
 from service.scheduler import Ticket
@@ -33,8 +33,13 @@ router = APIRouter(tags=["translation"])
 
 
 @router.post("/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES, summary="Translate English to German")
-async def translate(request: Request, serving: ServingDep) -> Response:
+async def translate_route(request: Request, serving: ServingDep) -> Response:
     """One result per text, in request order; `stream: true` answers server-sent events instead."""
+    return await translate(request, serving)
+
+
+async def translate(request: Request, serving: Serving) -> Response:
+    """The handler itself; the app serves it as a lane (``service/fastlane.py``), outside FastAPI's stack."""
     settings = serving.settings
     body = await _read_body(request, settings)
     served = serving.registry.get(body.model, TASK)
