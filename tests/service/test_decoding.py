@@ -144,3 +144,17 @@ def test_request_options_are_validated():
     for bad in (dict(source=[]), dict(beam=0), dict(max_new_tokens=0), dict(num_return=3, beam=2)):
         with pytest.raises(ValueError):
             Request(**{"source": [5, 2], "max_new_tokens": 4, **bad})
+
+
+def test_top_candidates_are_each_rows_best_in_order_with_ties_to_the_lower_id():
+    from service.decoding import top_candidates
+
+    rng = np.random.default_rng(3)
+    log_probs = np.round(rng.standard_normal((6, 50)), 1).astype(np.float32)  # rounded: plenty of ties
+    log_probs[2, :] = -np.inf
+    log_probs[2, 7] = 0.0
+    ids, values = top_candidates(log_probs, 8)
+    expected = np.argsort(-log_probs, axis=1, kind="stable")[:, :8]
+    np.testing.assert_array_equal(ids[[0, 1, 3, 4, 5]], expected[[0, 1, 3, 4, 5]])
+    np.testing.assert_array_equal(values, np.take_along_axis(log_probs, ids, 1))
+    assert ids[2, 0] == 7 and np.isneginf(values[2, 1:]).all()  # a row with fewer finite candidates than k
