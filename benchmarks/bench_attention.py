@@ -31,15 +31,20 @@ import onnx
 import onnx.utils
 
 from benchmarks.bench_classify import Service, load_test_images, make_bodies, run_wrk, write_script
-from service.decoding import DECODING_OUTPUTS
+from service.decoding import decoding_outputs
 from service.manifest import describe_files, read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-KEEP = {"model": ["logits"], **{role: list(names) for role, names in DECODING_OUTPUTS.items()}}
+KEEP = ("model", "encoder", "decoder")  # the serving graphs; decoder_prefix runs only for attention
+
+
+def kept_outputs(role: str, manifest: dict) -> list[str]:
+    """What serving without attention fetches from the graph of ``role``."""
+    return ["logits"] if role == "model" else list(decoding_outputs(int(manifest["decoding"]["layers"]))[role])
 
 
 def strip_entry(src: Path, dst: Path) -> None:
-    """Copy an entry with its graphs cut to ``KEEP``'s outputs (and no decoder_prefix)."""
+    """Copy an entry with its serving graphs cut to the outputs serving fetches (and no decoder_prefix)."""
     manifest = read_manifest(src)
     dst.mkdir(parents=True)
     graphs = {}
@@ -47,9 +52,10 @@ def strip_entry(src: Path, dst: Path) -> None:
         if role not in KEEP:
             continue  # decoder_prefix: only the attention pass uses it
         model = onnx.load(str(src / graph["file"]))
-        cut = onnx.utils.Extractor(model).extract_model([i.name for i in model.graph.input], KEEP[role])
+        keep = kept_outputs(role, manifest)
+        cut = onnx.utils.Extractor(model).extract_model([i.name for i in model.graph.input], keep)
         onnx.save(cut, str(dst / graph["file"]))
-        graphs[role] = {**graph, "outputs": [o for o in graph["outputs"] if o["name"] in KEEP[role]]}
+        graphs[role] = {**graph, "outputs": [o for o in graph["outputs"] if o["name"] in keep]}
     for name in manifest["files"]:
         if name.endswith((".model", ".png")):
             shutil.copy(src / name, dst / name)

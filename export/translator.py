@@ -36,13 +36,11 @@ from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import load_checkpoint
 from model.translation.textio import TextFileError, read_tsv
-from service.decoding import DECODING_OUTPUTS, DecoderSpec, Graph, Hypothesis, beam_search, greedy, pad_sources, session_fn
+from service.decoding import DecoderSpec, Graph, Hypothesis, beam_search, greedy, pad_sources, session_fn, decoder_inputs, decoding_outputs, per_layer
 from service.tokenizer import Tokenizer
 
 ENCODER_INPUTS = ["src_ids", "src_mask"]
 ENCODER_OUTPUTS = ["memory", "cross_keys", "cross_values", "encoder_attentions"]
-DECODER_INPUTS = ["tokens", "positions", "past_keys", "past_values", "cache_mask", "cross_keys", "cross_values", "src_mask"]
-DECODER_OUTPUTS = ["log_probs", "present_keys", "present_values", "self_attentions", "cross_attentions"]
 PREFIX_INPUTS = ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
 PREFIX_OUTPUTS = ["log_probs", "self_attentions", "cross_attentions"]
 ATTENTION_TOL = 1e-5
@@ -62,12 +60,22 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
+    """One decoding step with one cache tensor per layer in and out (``service.decoding``'s layout)."""
+
     def __init__(self, model: Seq2Seq) -> None:
         super().__init__()
         self.model = model
+        self.layers = model.cfg.decoder_layers
+        self.inputs = decoder_inputs(self.layers)
+        self.outputs = ["log_probs", *per_layer("present_keys", self.layers), *per_layer("present_values", self.layers),
+                        "self_attentions", "cross_attentions"]  # fmt: skip
 
-    def forward(self, tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask):
-        return self.model.decode_step(tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask)
+    def forward(self, tokens, positions, cache_mask, src_mask, *caches):
+        n = self.layers
+        past_k, past_v, cross_k, cross_v = (caches[i * n : (i + 1) * n] for i in range(4))
+        log_probs, keys, values, self_p, cross_p = self.model.decode_step_layers(
+            tokens, positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask)  # fmt: skip
+        return log_probs, *keys, *values, self_p, cross_p
 
 
 class PrefixDecoderGraph(nn.Module):
@@ -84,12 +92,14 @@ class PrefixDecoderGraph(nn.Module):
 
 
 def example_inputs(cfg: Seq2SeqConfig, batch: int = 2, src: int = 5, past: int = 3) -> tuple[tuple, tuple]:
+    """Encoder inputs, and the step graph's inputs in ``decoder_inputs`` order."""
     ids = torch.randint(4, cfg.vocab_size, (batch, src))
     mask = torch.ones(batch, src, dtype=torch.bool)
-    cross = torch.zeros(cfg.decoder_layers, batch, cfg.heads, src, cfg.head_dim)
-    cache = torch.zeros(cfg.decoder_layers, batch, cfg.heads, past, cfg.head_dim)
+    n = cfg.decoder_layers
+    cache = [torch.zeros(batch, cfg.heads, past, cfg.head_dim) for _ in range(2 * n)]
+    cross = [torch.zeros(batch, cfg.heads, src, cfg.head_dim) for _ in range(2 * n)]
     step = (torch.ones(batch, 1, dtype=torch.long), torch.full((batch, 1), past, dtype=torch.long),
-            cache, cache.clone(), torch.ones(batch, past, dtype=torch.bool), cross, cross.clone(), mask)  # fmt: skip
+            torch.ones(batch, past, dtype=torch.bool), mask, *cache, *cross)  # fmt: skip
     return (ids, mask), step
 
 
@@ -105,20 +115,24 @@ def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
         input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
         dynamic_shapes={"src_ids": {0: batch, 1: src}, "src_mask": {0: batch, 1: src}},
     ).save(str(folder / "encoder.onnx"))  # fmt: skip
+    step = DecoderGraph(model).eval()
+    n = model.cfg.decoder_layers
+    shapes = {"tokens": {0: batch}, "positions": {0: batch}, "cache_mask": {0: batch, 1: past}, "src_mask": {0: batch, 1: src}}
+    shapes |= {name: {0: batch, 2: past} for kind in ("past_keys", "past_values") for name in per_layer(kind, n)}
+    shapes |= {name: {0: batch, 2: src} for kind in ("cross_keys", "cross_values") for name in per_layer(kind, n)}
     torch.onnx.export(
-        DecoderGraph(model).eval(), dec_args, dynamo=True, opset_version=opset, external_data=False,
-        input_names=DECODER_INPUTS, output_names=DECODER_OUTPUTS,
-        dynamic_shapes={"tokens": {0: batch}, "positions": {0: batch}, "past_keys": {1: batch, 3: past},
-                        "past_values": {1: batch, 3: past}, "cache_mask": {0: batch, 1: past},
-                        "cross_keys": kv, "cross_values": kv, "src_mask": {0: batch, 1: src}},
+        step, dec_args, dynamo=True, opset_version=opset, external_data=False, input_names=step.inputs,
+        output_names=step.outputs, dynamic_shapes={"tokens": shapes["tokens"], "positions": shapes["positions"],
+        "cache_mask": shapes["cache_mask"], "src_mask": shapes["src_mask"], "caches": tuple(shapes[k] for k in step.inputs[4:])},
     ).save(str(folder / "decoder-with-attention.onnx"))  # fmt: skip
     # Decoding fetches log-probs and the cache only; per-step attention outputs would still be
     # stacked at every step, so the step graph drops them (attention comes from decoder_prefix).
-    keep_outputs(folder / "decoder-with-attention.onnx", folder / "decoder.onnx", list(DECODING_OUTPUTS["decoder"]))
+    keep_outputs(folder / "decoder-with-attention.onnx", folder / "decoder.onnx", list(decoding_outputs(n)["decoder"]))
     (folder / "decoder-with-attention.onnx").unlink()
     tgt = torch.export.Dim("tgt_len", min=1, max=model.cfg.max_positions)
+    cross_stacked = torch.zeros(n, 2, model.cfg.heads, 5, model.cfg.head_dim)
     torch.onnx.export(
-        PrefixDecoderGraph(model).eval(), (torch.ones(2, 4, dtype=torch.long), dec_args[5], dec_args[6], enc_args[1]),
+        PrefixDecoderGraph(model).eval(), (torch.ones(2, 4, dtype=torch.long), cross_stacked, cross_stacked.clone(), enc_args[1]),
         dynamo=True, opset_version=opset, external_data=False, input_names=PREFIX_INPUTS, output_names=PREFIX_OUTPUTS,
         dynamic_shapes={"tgt_ids": {0: batch, 1: tgt}, "cross_keys": kv, "cross_values": kv, "src_mask": {0: batch, 1: src}},
     ).save(str(folder / "decoder_prefix.onnx"))  # fmt: skip
@@ -151,7 +165,8 @@ def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[
     and the prefix graph's log-probs and attention on the decoded sentences vs PyTorch and vs the steps."""
     spec = decoder_spec(model.cfg)
     t_enc = torch_fn(EncoderGraph(model).eval(), ENCODER_INPUTS, ENCODER_OUTPUTS)
-    t_dec = torch_fn(DecoderGraph(model).eval(), DECODER_INPUTS, DECODER_OUTPUTS)
+    step = DecoderGraph(model).eval()
+    t_dec = torch_fn(step, step.inputs, step.outputs)
     t_prefix = torch_fn(PrefixDecoderGraph(model).eval(), PREFIX_INPUTS, PREFIX_OUTPUTS)
     report = {"sentences": len(sources), "identical_tokens": 0, "max_abs_log_probs": 0.0, "first_mismatch": None,
               "prefix_max_abs_log_probs": 0.0, "prefix_max_abs_attention": 0.0, "prefix_vs_steps_max_abs": 0.0}  # fmt: skip
@@ -256,7 +271,8 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
                    "decoder_prefix": {"file": "decoder_prefix.onnx", **prefix}},
         "tokenizer": {"file": "tokenizer.model", "library": "sentencepiece", "special_ids": ckpt["tokenizer"]["special_ids"],
                       "vocab_size": ckpt["tokenizer"]["vocab_size"], "normalization": "service.tokenizer.normalize_text"},
-        "decoding": {"cache_layout": ["layer", "batch", "head", "position", "head_dim"], "layers": cfg.decoder_layers,
+        "decoding": {"cache_layout": ["batch", "head", "position", "head_dim"], "cache_inputs": "past_keys_{layer}",
+                     "layers": cfg.decoder_layers,
                      "heads": cfg.heads, "head_dim": cfg.head_dim, "max_positions": cfg.max_positions,
                      "max_length": "min(max_positions, 1.5 * source_tokens + 10)", "beam": BEAM,
                      "length_penalty": LENGTH_PENALTY, "scores": "log_probs"},

@@ -15,6 +15,8 @@ keys and values are (layers, B, heads, T, head_dim).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -278,6 +280,24 @@ class Seq2Seq(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """One decoding step: log-probs (B, V), present keys/values (L, B, H, T+1, Dh),
         self-attention (B, L, H, T+1) and cross-attention (B, L, H, S) probabilities of this step."""
+        log_probs, keys, values, self_probs, cross_probs = self.decode_step_layers(
+            tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask)  # fmt: skip
+        return log_probs, torch.stack(keys), torch.stack(values), self_probs, cross_probs
+
+    def decode_step_layers(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        past_keys: Sequence[torch.Tensor],  # L of (B, H, T, Dh): a stacked (L, ...) tensor works too
+        past_values: Sequence[torch.Tensor],
+        cache_mask: torch.Tensor,
+        cross_keys: Sequence[torch.Tensor],  # L of (B, H, S, Dh)
+        cross_values: Sequence[torch.Tensor],
+        src_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """``decode_step`` with one cache tensor per layer in and out: what the exported step graph
+        computes, so that onnxruntime never splits a stacked cache into layers nor stacks it back
+        (two copies of the whole cache per step)."""
         x = self.embed(self.tgt_embed, tokens, positions)
         step_mask = torch.cat([cache_mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)  # the new token sees itself
         self_mask, cross_mask = key_mask(step_mask), key_mask(src_mask)
@@ -289,8 +309,7 @@ class Seq2Seq(nn.Module):
             self_probs.append(sp[:, :, 0])
             cross_probs.append(cp[:, :, 0])
         log_probs = self.out(self.decoder_norm(x[:, 0])).log_softmax(dim=-1)
-        return (log_probs, torch.stack(keys), torch.stack(values),
-                torch.stack(self_probs, dim=1), torch.stack(cross_probs, dim=1))  # fmt: skip
+        return log_probs, keys, values, torch.stack(self_probs, dim=1), torch.stack(cross_probs, dim=1)
 
     def empty_cache(self, batch: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Past keys, values (L, B, H, 0, Dh) and cache mask (B, 0) for the first step."""

@@ -15,10 +15,13 @@ Graphs are plain callables from input names to output names (an onnxruntime sess
 
 - encoder: ``src_ids`` (B, S) int64, ``src_mask`` (B, S) bool -> ``memory`` (B, S, D),
   ``cross_keys``/``cross_values`` (L, B, H, S, Dh), ``encoder_attentions`` (B, Le, H, S, S)
-- decoder: ``tokens``/``positions`` (B, 1) int64, ``past_keys``/``past_values`` (L, B, H, T, Dh),
-  ``cache_mask`` (B, T) bool, ``cross_keys``/``cross_values``, ``src_mask`` -> ``log_probs`` (B, V),
-  ``present_keys``/``present_values`` (L, B, H, T+1, Dh) (the exported graph has no per-step
-  attention outputs: a translation's maps come from ``decoder_prefix`` in one run, when asked for)
+- decoder: ``tokens``/``positions`` (B, 1) int64, ``cache_mask`` (B, T) bool, ``src_mask``, and
+  per layer i ``past_keys_i``/``past_values_i`` (B, H, T, Dh) and ``cross_keys_i``/``cross_values_i``
+  (B, H, S, Dh) -> ``log_probs`` (B, V), ``present_keys_i``/``present_values_i`` (B, H, T+1, Dh).
+  One tensor per layer, not one stacked (L, ...) tensor: onnxruntime copies on every split and
+  stack, which cost two extra copies of the whole cache per step (26% of the step graph's time at
+  64 rows). The exported graph has no per-step attention outputs: a translation's maps come from
+  ``decoder_prefix`` in one run, when asked for.
 """
 
 from __future__ import annotations
@@ -30,8 +33,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-# What decoding fetches from each graph; the exported step graph computes nothing else.
-DECODING_OUTPUTS = {"encoder": ("cross_keys", "cross_values"), "decoder": ("log_probs", "present_keys", "present_values")}
+
+
+def per_layer(name: str, layers: int) -> list[str]:
+    return [f"{name}_{i}" for i in range(layers)]
+
+
+def decoding_outputs(layers: int) -> dict[str, tuple[str, ...]]:
+    """What decoding fetches from each graph; the exported step graph computes nothing else."""
+    return {"encoder": ("cross_keys", "cross_values"),
+            "decoder": ("log_probs", *per_layer("present_keys", layers), *per_layer("present_values", layers))}  # fmt: skip
+
+
+def decoder_inputs(layers: int) -> list[str]:
+    names = ["tokens", "positions", "cache_mask", "src_mask"]
+    return names + [n for kind in ("past_keys", "past_values", "cross_keys", "cross_values") for n in per_layer(kind, layers)]
+
 _ids = itertools.count()
 
 
@@ -106,10 +123,13 @@ class Request:
 
 
 class DecodeBatch:
-    """Rows being decoded, grouped by request, with the decoder inputs for the next step."""
+    """Rows being decoded, grouped by request, with the decoder inputs for the next step.
 
-    def __init__(self, requests: list[Request], tokens: np.ndarray, past_keys: np.ndarray, past_values: np.ndarray,
-                 cache_mask: np.ndarray, cross_keys: np.ndarray, cross_values: np.ndarray, src_mask: np.ndarray) -> None:  # fmt: skip
+    Caches and cross keys/values are lists with one (rows, H, T or S, Dh) array per decoder layer.
+    """
+
+    def __init__(self, requests: list[Request], tokens: np.ndarray, past_keys: list[np.ndarray], past_values: list[np.ndarray],
+                 cache_mask: np.ndarray, cross_keys: list[np.ndarray], cross_values: list[np.ndarray], src_mask: np.ndarray) -> None:  # fmt: skip
         self.requests = requests
         self.tokens, self.past_keys, self.past_values, self.cache_mask = tokens, past_keys, past_values, cache_mask
         self.cross_keys, self.cross_values, self.src_mask = cross_keys, cross_values, src_mask
@@ -127,17 +147,20 @@ class DecodeBatch:
         ids, mask = pad_sources([r.source for r in requests], spec.pad_id)
         enc = encoder({"src_ids": ids, "src_mask": mask})
         rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
-        empty = np.zeros((spec.layers, len(rows), spec.heads, 0, spec.head_dim), dtype=enc["cross_keys"].dtype)
-        return cls(list(requests), np.full(len(rows), spec.bos_id, dtype=np.int64), empty, empty.copy(),
-                   np.zeros((len(rows), 0), dtype=bool), enc["cross_keys"][:, rows], enc["cross_values"][:, rows], mask[rows])  # fmt: skip
+        dtype = enc["cross_keys"].dtype
+        empty = [np.zeros((len(rows), spec.heads, 0, spec.head_dim), dtype=dtype) for _ in range(2 * spec.layers)]
+        return cls(list(requests), np.full(len(rows), spec.bos_id, dtype=np.int64), empty[: spec.layers],
+                   empty[spec.layers :], np.zeros((len(rows), 0), dtype=bool), [k[rows] for k in enc["cross_keys"]],
+                   [v[rows] for v in enc["cross_values"]], mask[rows])  # fmt: skip
 
     def take(self, rows: np.ndarray, requests: list[Request], tokens: np.ndarray) -> DecodeBatch:
         """The batch made of ``rows`` (in that order), trimmed of cache and source columns no row uses."""
         cache_mask, src_mask = self.cache_mask[rows], self.src_mask[rows]
         first = int(np.argmax(cache_mask.any(0))) if cache_mask.any() else cache_mask.shape[1]
         last = int(src_mask.shape[1] - np.argmax(src_mask.any(0)[::-1])) if len(rows) else 0
-        return DecodeBatch(requests, tokens, self.past_keys[:, rows, :, first:], self.past_values[:, rows, :, first:],
-                           cache_mask[:, first:], self.cross_keys[:, rows, :, :last], self.cross_values[:, rows, :, :last],
+        return DecodeBatch(requests, tokens, [k[rows, :, first:] for k in self.past_keys],
+                           [v[rows, :, first:] for v in self.past_values], cache_mask[:, first:],
+                           [k[rows, :, :last] for k in self.cross_keys], [v[rows, :, :last] for v in self.cross_values],
                            src_mask[:, :last])  # fmt: skip
 
 
@@ -149,20 +172,23 @@ def concatenate(a: DecodeBatch, b: DecodeBatch) -> DecodeBatch:
         return a
     t, s = max(a.cache_mask.shape[1], b.cache_mask.shape[1]), max(a.src_mask.shape[1], b.src_mask.shape[1])
 
-    def join(name: str, axis: int, rows: int, width: int, left: bool) -> np.ndarray:
-        """``a``'s and ``b``'s arrays stacked along ``rows``, padded with zeros/False to ``width`` along ``axis``."""
+    def join(x: np.ndarray, y: np.ndarray, axis: int, width: int, left: bool) -> np.ndarray:
+        """``x`` and ``y`` stacked along their rows (axis 0), padded with zeros/False to ``width`` along ``axis``."""
         parts = []
-        for x in (getattr(a, name), getattr(b, name)):
-            pad = [(0, 0)] * x.ndim
-            missing = width - x.shape[axis]
+        for z in (x, y):
+            pad = [(0, 0)] * z.ndim
+            missing = width - z.shape[axis]
             pad[axis] = (missing, 0) if left else (0, missing)
-            parts.append(np.pad(x, pad) if missing else x)
-        return np.concatenate(parts, axis=rows)
+            parts.append(np.pad(z, pad) if missing else z)
+        return np.concatenate(parts)
+
+    def layers(name: str, width: int, left: bool) -> list[np.ndarray]:
+        return [join(x, y, 2, width, left) for x, y in zip(getattr(a, name), getattr(b, name))]
 
     return DecodeBatch(
-        a.requests + b.requests, np.concatenate([a.tokens, b.tokens]),
-        join("past_keys", 3, 1, t, True), join("past_values", 3, 1, t, True), join("cache_mask", 1, 0, t, True),
-        join("cross_keys", 3, 1, s, False), join("cross_values", 3, 1, s, False), join("src_mask", 1, 0, s, False),
+        a.requests + b.requests, np.concatenate([a.tokens, b.tokens]), layers("past_keys", t, True),
+        layers("past_values", t, True), join(a.cache_mask, b.cache_mask, 1, t, True), layers("cross_keys", s, False),
+        layers("cross_values", s, False), join(a.src_mask, b.src_mask, 1, s, False),
     )  # fmt: skip
 
 
@@ -250,12 +276,15 @@ def _searches(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> tuple[np.n
 
 def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Request], DecodeBatch]:
     """One decoder run over the batch: (requests that finished or were cancelled, the next batch)."""
-    out = decoder({
-        "tokens": batch.tokens[:, None], "positions": batch.positions[:, None],
-        "past_keys": batch.past_keys, "past_values": batch.past_values, "cache_mask": batch.cache_mask,
-        "cross_keys": batch.cross_keys, "cross_values": batch.cross_values, "src_mask": batch.src_mask,
-    })  # fmt: skip
-    grown = DecodeBatch(batch.requests, batch.tokens, out["present_keys"], out["present_values"],
+    layers = range(len(batch.past_keys))
+    feeds = {"tokens": batch.tokens[:, None], "positions": batch.positions[:, None], "cache_mask": batch.cache_mask,
+             "src_mask": batch.src_mask}  # fmt: skip
+    for i in layers:
+        feeds[f"past_keys_{i}"], feeds[f"past_values_{i}"] = batch.past_keys[i], batch.past_values[i]
+        feeds[f"cross_keys_{i}"], feeds[f"cross_values_{i}"] = batch.cross_keys[i], batch.cross_values[i]
+    out = decoder(feeds)
+    grown = DecodeBatch(batch.requests, batch.tokens, [out[f"present_keys_{i}"] for i in layers],
+                        [out[f"present_values_{i}"] for i in layers],
                         np.concatenate([batch.cache_mask, np.ones((len(batch), 1), dtype=bool)], axis=1),
                         batch.cross_keys, batch.cross_values, batch.src_mask)  # fmt: skip
     log_probs, ids, values = _searches(batch, out["log_probs"], spec.eos_id)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.decoding import (
-    DECODING_OUTPUTS, DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, pad_sources, session_fn, step,
+    DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, decoder_inputs, decoding_outputs, pad_sources, session_fn, step,
 )  # fmt: skip
 from service.errors import InvalidField, TextTooLong
 from service.manifest import Entry, ManifestError
@@ -46,13 +46,18 @@ class Translator:
         if self.tokenizer.special.as_dict() != {k: int(v) for k, v in special.items()}:
             raise ManifestError(f"{entry.path}: tokenizer special ids differ from the manifest's")
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
-        self.encoder: Graph = session_fn(encoder.session, DECODING_OUTPUTS["encoder"])
-        self.decoder: Graph = session_fn(decoder.session, DECODING_OUTPUTS["decoder"])
+        missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
+        if missing:
+            raise ManifestError(f"{entry.path}: decoder.onnx lacks the inputs {sorted(missing)} (an export from before "
+                                "per-layer caches?); re-export it with `python -m export.translator`")  # fmt: skip
+        outputs = decoding_outputs(self.spec.layers)
+        self.encoder: Graph = session_fn(encoder.session, outputs["encoder"])
+        self.decoder: Graph = session_fn(decoder.session, outputs["decoder"])
         self.provider = encoder.provider
         self._encoder_attention: Graph | None = None
         self._prefix: Graph | None = None
         if prefix is not None:  # an entry without decoder_prefix serves translations without attention
-            self._encoder_attention = session_fn(encoder.session, [*DECODING_OUTPUTS["encoder"], "encoder_attentions"])
+            self._encoder_attention = session_fn(encoder.session, [*outputs["encoder"], "encoder_attentions"])
             self._prefix = session_fn(prefix.session, ["self_attentions", "cross_attentions"])
 
     @property

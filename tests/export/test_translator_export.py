@@ -13,6 +13,7 @@ from export.translator import check_parity, decoder_spec, export_graphs, parity_
 from model.seq2seq import Seq2Seq, Seq2SeqConfig
 from service.decoding import session_fn
 from service.manifest import load_entry
+from service.decoding import decoder_inputs, decoding_outputs
 from service.tokenizer import Tokenizer
 from tests.conftest import run_module
 
@@ -33,15 +34,16 @@ def test_graph_names_and_dynamic_axes_are_recorded(entry):
     enc, dec = entry.manifest["graphs"]["encoder"], entry.manifest["graphs"]["decoder"]
     assert [i["name"] for i in enc["inputs"]] == ["src_ids", "src_mask"]
     assert [o["name"] for o in enc["outputs"]] == ["memory", "cross_keys", "cross_values", "encoder_attentions"]
-    assert [i["name"] for i in dec["inputs"]] == ["tokens", "positions", "past_keys", "past_values", "cache_mask",
-                                                  "cross_keys", "cross_values", "src_mask"]  # fmt: skip
-    assert [o["name"] for o in dec["outputs"]] == ["log_probs", "present_keys", "present_values"]  # no attention per step
+    layers = entry.manifest["decoding"]["layers"]
+    assert [i["name"] for i in dec["inputs"]] == decoder_inputs(layers)  # one cache tensor per layer: no split, no stack
+    assert [o["name"] for o in dec["outputs"]] == list(decoding_outputs(layers)["decoder"])  # no attention per step
+    assert dec["outputs"][1]["name"] == "present_keys_0"
     prefix = entry.manifest["graphs"]["decoder_prefix"]
     assert [i["name"] for i in prefix["inputs"]] == ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
     assert [o["name"] for o in prefix["outputs"]] == ["log_probs", "self_attentions", "cross_attentions"]
-    past = next(i for i in dec["inputs"] if i["name"] == "past_keys")["shape"]
-    assert isinstance(past[1], str) and isinstance(past[3], str)  # batch and cache length are dynamic
-    assert [i["dtype"] for i in dec["inputs"]][:2] == ["int64", "int64"] and dec["inputs"][4]["dtype"] == "bool"
+    past = next(i for i in dec["inputs"] if i["name"] == "past_keys_0")["shape"]
+    assert len(past) == 4 and isinstance(past[0], str) and isinstance(past[2], str)  # batch and cache length are dynamic
+    assert [i["dtype"] for i in dec["inputs"]][:4] == ["int64", "int64", "bool", "bool"]
 
 
 def test_parity_and_evaluation_are_recorded(entry):

@@ -30,15 +30,15 @@ def bigram_graphs(tables: dict[int, np.ndarray]):
         return {"cross_keys": kv, "cross_values": kv}
 
     def decoder(feeds):
-        past, cache = feeds["past_keys"], feeds["cache_mask"]
+        past, cache = feeds["past_keys_0"], feeds["cache_mask"]  # SPEC has one layer
         n, t = cache.shape
-        assert past.shape == (1, n, 1, t, 1) and feeds["src_mask"].shape[0] == n == feeds["cross_keys"].shape[1]
+        assert past.shape == (n, 1, t, 1) and feeds["src_mask"].shape[0] == n == feeds["cross_keys_0"].shape[0]
         assert (feeds["positions"][:, 0] == cache.sum(1)).all()  # a row's position = its real cached tokens
         seen.append(n)
-        table = np.stack([tables[int(k)] for k in feeds["cross_keys"][0, :, 0, 0, 0]])  # (n, V, V)
+        table = np.stack([tables[int(k)] for k in feeds["cross_keys_0"][:, 0, 0, 0]])  # (n, V, V)
         log_probs = np.log(table[np.arange(n), feeds["tokens"][:, 0]])
-        present = np.concatenate([past, np.zeros((1, n, 1, 1, 1), np.float32)], axis=3)
-        return {"log_probs": log_probs, "present_keys": present, "present_values": present}
+        present = np.concatenate([past, np.zeros((n, 1, 1, 1), np.float32)], axis=2)
+        return {"log_probs": log_probs, "present_keys_0": present, "present_values_0": present}
 
     return encoder, decoder, seen
 
