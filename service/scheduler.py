@@ -155,54 +155,59 @@ class Scheduler:
                 await self._wakeup.wait()
                 continue
             joining = self._admit()
-            if joining:
-                batch = await self._start(loop, batch, joining)
-            if batch is None:
+            if batch is None and not joining:
                 continue
-            batch = await self._step(loop, batch)
+            batch = await self._hop(loop, batch, joining)
             self._observer.occupancy(self.running_rows, self.waiting_rows)
 
-    async def _start(self, loop, batch: DecodeBatch | None, joining: list[Ticket]) -> DecodeBatch | None:
-        try:
-            new = await loop.run_in_executor(self._executor, self.translator.start, [t.request for t in joining])
-        except asyncio.CancelledError:
-            self._fail(joining, ShuttingDown(f"model {self.name} is shutting down"))
-            raise
-        except Exception:
-            log.exception("encoder failed in model %s; failing the %d requests that were joining", self.name, len(joining))
-            self.running_rows -= sum(t.request.beam for t in joining)
-            self._fail(joining, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
-            return batch
+    def _work(self, batch: DecodeBatch | None, joining: list[Request], streaming: bool) -> tuple[
+            BaseException | None, list[Request], DecodeBatch | None, list[tuple[int, float, int, float]]]:  # fmt: skip
+        """One hop of the worker thread: encode the joining requests onto the batch, then decoder steps.
+
+        Returns (the encoder's error, if it failed: only the joining requests fail), then ``_steps``'s
+        answer. Encoding, joining and the first steps share a hop: each thread hop costs the event
+        loop a wake-up, and joining on the loop held the GIL while every running cache was copied.
+        """
+        error = None
+        if joining:
+            try:
+                new = self.translator.start(joining)
+            except Exception as e:  # noqa: BLE001 - reported by the loop, which fails the joining requests
+                error = e
+            else:
+                batch = new if batch is None else concatenate(batch, new)
+        if batch is None:
+            return error, [], None, []
+        return (error, *self._steps(batch, streaming))
+
+    def _steps(self, batch: DecodeBatch, streaming: bool) -> tuple[list[Request], DecodeBatch, list[tuple[int, float, int, float]]]:
+        """Decoder steps on the worker thread until the event loop has something to do: a request
+        finished or was cancelled, requests wait to join, a stream has a token to send (or its
+        first), or ``MAX_STEPS_PER_HOP`` / ``MAX_HOP_SECONDS`` ran out. One thread hop per such
+        event instead of one per step: at batch 1 a hop costs a good part of a step. Returns
+        (finished requests, the batch, (rows, seconds, tokens, end time) of each step)."""
+        steps: list[tuple[int, float, int, float]] = []
+        deadline = time.perf_counter() + MAX_HOP_SECONDS
+        while True:
+            started, rows, sentences = time.perf_counter(), len(batch), len(batch.requests)
+            finished, batch = self.translator.step(batch)
+            now = time.perf_counter()
+            steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished), now))
+            joinable = bool(self._waiting) and not self.static  # read across threads: a deque's length is atomic
+            if finished or not len(batch) or streaming or joinable or len(steps) >= MAX_STEPS_PER_HOP or now >= deadline:
+                return finished, batch, steps
+
+    async def _hop(self, loop, batch: DecodeBatch | None, joining: list[Ticket]) -> DecodeBatch | None:
         now = time.perf_counter()
         for t in joining:
             t.started_at = now
             self._running[t.request.id] = t
-        return new if batch is None else concatenate(batch, new)
-
-    def _steps(self, batch: DecodeBatch, streaming: bool) -> tuple[list[Request], DecodeBatch, list[tuple[int, float, int]]]:
-        """Decoder steps on the worker thread until the event loop has something to do: a request
-        finished or was cancelled, requests wait to join, a stream has a token to send, a request
-        has just produced its first token, or ``MAX_STEPS_PER_HOP`` / ``MAX_HOP_SECONDS`` ran out.
-        One thread hop per such event instead of one per step: at batch 1 a hop costs a good part
-        of a step. Returns (finished requests, the batch, (rows, seconds, tokens) of each step)."""
-        steps: list[tuple[int, float, int]] = []
-        deadline = time.perf_counter() + MAX_HOP_SECONDS
-        while True:
-            started, rows, sentences = time.perf_counter(), len(batch), len(batch.requests)
-            first = any(r.steps == 0 for r in batch.requests)
-            finished, batch = self.translator.step(batch)
-            now = time.perf_counter()
-            steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished)))
-            joinable = bool(self._waiting) and not self.static  # read across threads: a deque's length is atomic
-            if finished or not len(batch) or first or streaming or joinable or len(steps) >= MAX_STEPS_PER_HOP or now >= deadline:
-                return finished, batch, steps
-
-    async def _step(self, loop, batch: DecodeBatch) -> DecodeBatch | None:
-        streaming = any(self._running[r.id].events is not None for r in batch.requests)
+        streaming = any(t.events is not None for t in self._running.values())
         try:
-            finished, batch, steps = await loop.run_in_executor(self._executor, self._steps, batch, streaming)
+            error, finished, batch, steps = await loop.run_in_executor(
+                self._executor, self._work, batch, [t.request for t in joining], streaming)  # fmt: skip
         except asyncio.CancelledError:
-            raise
+            raise  # stop() fails what runs and waits
         except Exception:
             tickets = list(self._running.values())
             log.exception("decoder step failed in model %s; failing its %d running requests", self.name, len(tickets))
@@ -210,8 +215,18 @@ class Scheduler:
             self.running_rows = 0
             self._fail(tickets, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
             return None
+        if error is not None:
+            log.error("encoder failed in model %s; failing the %d requests that were joining", self.name, len(joining),
+                      exc_info=error)  # fmt: skip
+            for t in joining:
+                self._running.pop(t.request.id, None)
+            self.running_rows -= sum(t.request.beam for t in joining)
+            self._fail(joining, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
+        elif steps:  # the joining requests' first token came from the hop's first step
+            for t in joining:
+                t.first_token_at = steps[0][3]
         now = time.perf_counter()
-        for rows, seconds, tokens in steps:
+        for rows, seconds, tokens, _ in steps:
             self._observer.step(rows, seconds, tokens)
         for req in finished:
             ticket = self._running.pop(req.id)
@@ -224,9 +239,11 @@ class Scheduler:
                                         (ticket.first_token_at or now) - ticket.enqueued_at)  # fmt: skip
             self._stream(ticket, now, finished=True)
             self._resolve(ticket)
-        for req in batch.requests if len(batch) else []:
+        if batch is None or not len(batch):
+            return None
+        for req in batch.requests:
             self._stream(self._running[req.id], now, finished=False)
-        return batch if len(batch) else None
+        return batch
 
     def _stream(self, ticket: Ticket, now: float, finished: bool) -> None:
         """Greedy streams get every new token; the first token's time is kept for the metrics."""

@@ -94,6 +94,31 @@ def test_a_failing_step_fails_the_running_requests_and_the_scheduler_goes_on():
     assert run(with_scheduler(body, translator)) == [A]
 
 
+def test_a_failing_encoder_fails_only_the_joining_requests_and_the_running_ones_go_on():
+    translator = BigramTranslator()
+    real_start = translator.start
+
+    def start(requests):
+        if any(r.source[0] == A for r in requests):
+            raise RuntimeError("encoder exploded")
+        return real_start(requests)
+
+    translator.start = start
+
+    async def body(sched):
+        running = sched.submit([Request([B, EOS], 60)], stream=True)[0]
+        await running.events.get()  # decoding, with a cache, when the next one joins
+        (joining,) = sched.submit([Request([A, EOS], 10)])
+        with pytest.raises(InferenceFailed):
+            await joining.future
+        finished = await running.future
+        return finished, sched.state()
+
+    finished, state = run(with_scheduler(body, translator))
+    assert finished.results()[0].tokens == [A] * 60
+    assert state["running_rows"] == 0 and state["running_sequences"] == 0
+
+
 def test_cancelled_requests_leave_and_free_their_rows():
     async def body(sched):
         (ticket,) = sched.submit([Request([B, EOS], 40)], stream=True)
@@ -132,5 +157,5 @@ def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeyp
     req = run(with_scheduler(body, observer=counter))
     assert len(req.results()[0].tokens) == 40
     assert counter.steps == [(1, 1)] * 40  # every step observed, one row, one token each
-    # first token (1 hop), then 16-step hops until it finishes: 1 + ceil(39 / 16) = 4 hops, not 40
-    assert len(hops) == 1 + -(-39 // module.MAX_STEPS_PER_HOP)
+    # the encoder and the first 16 steps in one hop, then 16-step hops until it finishes: ceil(40 / 16) = 3, not 40
+    assert len(hops) == -(-40 // module.MAX_STEPS_PER_HOP)
