@@ -308,10 +308,15 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Re
         else:
             finished.append(req)
         offset += req.beam
-    if not finished and rows == list(range(len(batch))):
+    order = np.array(rows, dtype=np.int64)
+    if not finished:  # the same requests: at most beams reorder within each, so only their cache rows move
+        moved = np.flatnonzero(order != np.arange(len(order)))
+        if len(moved):
+            for cache in (*grown.past_keys, *grown.past_values):
+                cache[moved] = cache[order[moved]]  # the right side is gathered before it is written
         grown.tokens = np.array(tokens, dtype=np.int64)
         return finished, grown
-    return finished, grown.take(np.array(rows, dtype=np.int64), keep, np.array(tokens, dtype=np.int64))
+    return finished, grown.take(order, keep, np.array(tokens, dtype=np.int64))
 
 
 def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
