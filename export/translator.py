@@ -60,15 +60,14 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """One decoding step with one cache tensor per layer in and out (``service.decoding``'s layout)."""
+    """One decoding step: cache buffers per layer in, the new position's keys/values out (``service.decoding``)."""
 
     def __init__(self, model: Seq2Seq) -> None:
         super().__init__()
         self.model = model
         self.layers = model.cfg.decoder_layers
         self.inputs = decoder_inputs(self.layers)
-        self.outputs = ["log_probs", *per_layer("present_keys", self.layers), *per_layer("present_values", self.layers),
-                        "self_attentions", "cross_attentions"]  # fmt: skip
+        self.outputs = [*decoding_outputs(self.layers)["decoder"], "self_attentions", "cross_attentions"]
 
     def forward(self, tokens, positions, cache_mask, src_mask, *caches):
         n = self.layers
@@ -272,6 +271,7 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
         "tokenizer": {"file": "tokenizer.model", "library": "sentencepiece", "special_ids": ckpt["tokenizer"]["special_ids"],
                       "vocab_size": ckpt["tokenizer"]["vocab_size"], "normalization": "service.tokenizer.normalize_text"},
         "decoding": {"cache_layout": ["batch", "head", "position", "head_dim"], "cache_inputs": "past_keys_{layer}",
+                     "cache_outputs": "new_keys_{layer}", "cache": "buffer: the caller writes each step's new keys/values",
                      "layers": cfg.decoder_layers,
                      "heads": cfg.heads, "head_dim": cfg.head_dim, "max_positions": cfg.max_positions,
                      "max_length": "min(max_positions, 1.5 * source_tokens + 10)", "beam": BEAM,

@@ -56,6 +56,25 @@ class Attention(nn.Module):
         out = self.attn_drop(probs) @ v  # (B, H, Tq, Dh)
         return self.proj_drop(self.proj(self.merge_heads(out))), probs
 
+    def attend_cached(
+        self,
+        q: torch.Tensor,  # (B, H, 1, Dh) the new position's query
+        past_k: torch.Tensor,  # (B, H, C, Dh) a cache buffer: C >= the positions in use
+        past_v: torch.Tensor,
+        k: torch.Tensor,  # (B, H, 1, Dh) the new position's key and value
+        v: torch.Tensor,
+        past_mask: torch.Tensor,  # broadcastable to (B, H, 1, C): True at the buffer's real positions
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``attend(q, cat(past_k, k), cat(past_v, v))`` without concatenating the cache: the scores of
+        the buffer and of the new position are joined (C + 1 numbers a head), not the keys and values.
+        Probabilities are over (C + 1) keys, the new position last."""
+        q = q * self.scale
+        past = (q @ past_k.transpose(-2, -1)).masked_fill(~past_mask, torch.finfo(q.dtype).min)  # (B, H, 1, C)
+        probs = torch.cat([past, q @ k.transpose(-2, -1)], dim=-1).softmax(dim=-1)  # (B, H, 1, C + 1)
+        c = past_k.shape[2]
+        out = self.attn_drop(probs[..., :c]) @ past_v + self.attn_drop(probs[..., c:]) @ v  # (B, H, 1, Dh)
+        return self.proj_drop(self.proj(self.merge_heads(out))), probs
+
     def forward(
         self,
         x: torch.Tensor,

@@ -180,6 +180,36 @@ class DecoderLayer(nn.Module):
         return x, k, v, self_probs, cross_probs
 
 
+    def step(
+        self,
+        x: torch.Tensor,  # (B, 1, D): one new target position
+        past_mask: torch.Tensor,  # (B, 1, 1, C): the buffer's real positions
+        cross_k: torch.Tensor,
+        cross_v: torch.Tensor,
+        src_mask: torch.Tensor,
+        past_k: torch.Tensor,  # (B, H, C, Dh) cache buffer
+        past_v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward`` for one position against a cache buffer: returns x, the new position's key and
+        value (B, H, 1, Dh) (not past + new: the caller writes them into its buffer), self-attention
+        probabilities over (C + 1) keys and cross-attention probabilities."""
+
+        def self_block(h: torch.Tensor):
+            a = self.self_attn
+            q, k, v = a.split_heads(a.q(h)), a.split_heads(a.k(h)), a.split_heads(a.v(h))
+            out, probs = a.attend_cached(q, past_k, past_v, k, v, past_mask)
+            return out, (k, v, probs)
+
+        def cross_block(h: torch.Tensor):
+            a = self.cross_attn
+            return a.attend(a.split_heads(a.q(h)), cross_k, cross_v, src_mask)
+
+        x, (k, v, self_probs) = self.sub1(x, self_block)
+        x, cross_probs = self.sub2(x, cross_block)
+        x, _ = self.sub3(x, lambda h: (self.ffn(h), None))
+        return x, k, v, self_probs, cross_probs
+
+
 # ---- the model ------------------------------------------------------------------------------------
 
 
@@ -282,28 +312,32 @@ class Seq2Seq(nn.Module):
         self-attention (B, L, H, T+1) and cross-attention (B, L, H, S) probabilities of this step."""
         log_probs, keys, values, self_probs, cross_probs = self.decode_step_layers(
             tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask)  # fmt: skip
-        return log_probs, torch.stack(keys), torch.stack(values), self_probs, cross_probs
+        present_k = torch.stack([torch.cat([past_keys[i], k], dim=2) for i, k in enumerate(keys)])
+        present_v = torch.stack([torch.cat([past_values[i], v], dim=2) for i, v in enumerate(values)])
+        return log_probs, present_k, present_v, self_probs, cross_probs
 
     def decode_step_layers(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        past_keys: Sequence[torch.Tensor],  # L of (B, H, T, Dh): a stacked (L, ...) tensor works too
+        past_keys: Sequence[torch.Tensor],  # L cache buffers (B, H, C, Dh): a stacked (L, ...) tensor works too
         past_values: Sequence[torch.Tensor],
-        cache_mask: torch.Tensor,
+        cache_mask: torch.Tensor,  # (B, C): the buffers' real positions
         cross_keys: Sequence[torch.Tensor],  # L of (B, H, S, Dh)
         cross_values: Sequence[torch.Tensor],
         src_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """``decode_step`` with one cache tensor per layer in and out: what the exported step graph
-        computes, so that onnxruntime never splits a stacked cache into layers nor stacks it back
-        (two copies of the whole cache per step)."""
+        """What the exported step graph computes: one cache buffer per layer in, and out only the new
+        position's key and value per layer (B, H, 1, Dh), which the caller writes into its buffers.
+
+        So onnxruntime copies no cache at all in a step: stacked (L, ...) caches cost a split and a
+        stack, and returning past + new a concatenation, each a copy of the whole cache per step.
+        Self-attention probabilities are over the C buffer positions then the new one."""
         x = self.embed(self.tgt_embed, tokens, positions)
-        step_mask = torch.cat([cache_mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)  # the new token sees itself
-        self_mask, cross_mask = key_mask(step_mask), key_mask(src_mask)
+        past_mask, cross_mask = key_mask(cache_mask), key_mask(src_mask)
         keys, values, self_probs, cross_probs = [], [], [], []
         for i, layer in enumerate(self.decoder):
-            x, k, v, sp, cp = layer(x, self_mask, cross_keys[i], cross_values[i], cross_mask, past_keys[i], past_values[i])
+            x, k, v, sp, cp = layer.step(x, past_mask, cross_keys[i], cross_values[i], cross_mask, past_keys[i], past_values[i])
             keys.append(k)
             values.append(v)
             self_probs.append(sp[:, :, 0])

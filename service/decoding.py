@@ -15,13 +15,18 @@ Graphs are plain callables from input names to output names (an onnxruntime sess
 
 - encoder: ``src_ids`` (B, S) int64, ``src_mask`` (B, S) bool -> ``memory`` (B, S, D),
   ``cross_keys``/``cross_values`` (L, B, H, S, Dh), ``encoder_attentions`` (B, Le, H, S, S)
-- decoder: ``tokens``/``positions`` (B, 1) int64, ``cache_mask`` (B, T) bool, ``src_mask``, and
-  per layer i ``past_keys_i``/``past_values_i`` (B, H, T, Dh) and ``cross_keys_i``/``cross_values_i``
-  (B, H, S, Dh) -> ``log_probs`` (B, V), ``present_keys_i``/``present_values_i`` (B, H, T+1, Dh).
-  One tensor per layer, not one stacked (L, ...) tensor: onnxruntime copies on every split and
-  stack, which cost two extra copies of the whole cache per step (26% of the step graph's time at
-  64 rows). The exported graph has no per-step attention outputs: a translation's maps come from
-  ``decoder_prefix`` in one run, when asked for.
+- decoder: ``tokens``/``positions`` (B, 1) int64, ``cache_mask`` (B, C) bool, ``src_mask``, and
+  per layer i ``past_keys_i``/``past_values_i`` (B, H, C, Dh) and ``cross_keys_i``/``cross_values_i``
+  (B, H, S, Dh) -> ``log_probs`` (B, V) and the new position's ``new_keys_i``/``new_values_i``
+  (B, H, 1, Dh).
+
+The cache is preallocated: one (rows, H, C, Dh) buffer per layer and for keys and values, with room
+for C positions of which the first ``width`` are in use (``cache_mask`` marks the real ones: rows
+that joined later are left-padded). A step writes the new keys and values into column ``width``; the
+buffers grow by ``GROW`` columns when full. So no step copies a cache: a stacked (L, ...) cache
+costs onnxruntime a split and a stack per step, and returning past + new a concatenation (26% and
+then 9-11% of the step graph's time at 64 rows). The exported graph has no per-step attention
+outputs: a translation's maps come from ``decoder_prefix`` in one run, when asked for.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+GROW = 16  # cache columns added when a batch's buffers are full
 
 
 def per_layer(name: str, layers: int) -> list[str]:
@@ -42,7 +48,7 @@ def per_layer(name: str, layers: int) -> list[str]:
 def decoding_outputs(layers: int) -> dict[str, tuple[str, ...]]:
     """What decoding fetches from each graph; the exported step graph computes nothing else."""
     return {"encoder": ("cross_keys", "cross_values"),
-            "decoder": ("log_probs", *per_layer("present_keys", layers), *per_layer("present_values", layers))}  # fmt: skip
+            "decoder": ("log_probs", *per_layer("new_keys", layers), *per_layer("new_values", layers))}  # fmt: skip
 
 
 def decoder_inputs(layers: int) -> list[str]:
@@ -125,17 +131,25 @@ class Request:
 class DecodeBatch:
     """Rows being decoded, grouped by request, with the decoder inputs for the next step.
 
-    Caches and cross keys/values are lists with one (rows, H, T or S, Dh) array per decoder layer.
+    ``past_keys``/``past_values``: one (rows, H, C, Dh) buffer per layer, of which the first
+    ``width`` columns are in use; ``cache_mask`` (rows, C) marks each row's real positions.
+    ``cross_keys``/``cross_values``: one (rows, H, S, Dh) array per layer.
     """
 
     def __init__(self, requests: list[Request], tokens: np.ndarray, past_keys: list[np.ndarray], past_values: list[np.ndarray],
-                 cache_mask: np.ndarray, cross_keys: list[np.ndarray], cross_values: list[np.ndarray], src_mask: np.ndarray) -> None:  # fmt: skip
+                 cache_mask: np.ndarray, width: int, cross_keys: list[np.ndarray], cross_values: list[np.ndarray],
+                 src_mask: np.ndarray) -> None:  # fmt: skip
         self.requests = requests
         self.tokens, self.past_keys, self.past_values, self.cache_mask = tokens, past_keys, past_values, cache_mask
+        self.width = width
         self.cross_keys, self.cross_values, self.src_mask = cross_keys, cross_values, src_mask
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def capacity(self) -> int:
+        return self.cache_mask.shape[1]
 
     @property
     def positions(self) -> np.ndarray:
@@ -148,47 +162,79 @@ class DecodeBatch:
         enc = encoder({"src_ids": ids, "src_mask": mask})
         rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
         dtype = enc["cross_keys"].dtype
-        empty = [np.zeros((len(rows), spec.heads, 0, spec.head_dim), dtype=dtype) for _ in range(2 * spec.layers)]
+        empty = [np.zeros((len(rows), spec.heads, GROW, spec.head_dim), dtype=dtype) for _ in range(2 * spec.layers)]
         return cls(list(requests), np.full(len(rows), spec.bos_id, dtype=np.int64), empty[: spec.layers],
-                   empty[spec.layers :], np.zeros((len(rows), 0), dtype=bool), [k[rows] for k in enc["cross_keys"]],
+                   empty[spec.layers :], np.zeros((len(rows), GROW), dtype=bool), 0, [k[rows] for k in enc["cross_keys"]],
                    [v[rows] for v in enc["cross_values"]], mask[rows])  # fmt: skip
+
+    def append(self, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
+        """Write a step's new keys/values (rows, H, 1, Dh) per layer into the next free column."""
+        if self.width == self.capacity:
+            self._resize(self.width + GROW)
+        t = self.width
+        for buf, new in zip((*self.past_keys, *self.past_values), (*keys, *values)):
+            buf[:, :, t] = new[:, :, 0]
+        self.cache_mask[:, t] = True
+        self.width = t + 1
+
+    def _resize(self, capacity: int) -> None:
+        def grow(x: np.ndarray, axis: int) -> np.ndarray:
+            shape = list(x.shape)
+            shape[axis] = capacity
+            out = np.zeros(shape, dtype=x.dtype)
+            out[(slice(None),) * axis + (slice(0, self.width),)] = x[(slice(None),) * axis + (slice(0, self.width),)]
+            return out
+
+        self.past_keys = [grow(k, 2) for k in self.past_keys]
+        self.past_values = [grow(v, 2) for v in self.past_values]
+        self.cache_mask = grow(self.cache_mask, 1)
 
     def take(self, rows: np.ndarray, requests: list[Request], tokens: np.ndarray) -> DecodeBatch:
         """The batch made of ``rows`` (in that order), trimmed of cache and source columns no row uses."""
         cache_mask, src_mask = self.cache_mask[rows], self.src_mask[rows]
-        first = int(np.argmax(cache_mask.any(0))) if cache_mask.any() else cache_mask.shape[1]
+        used = cache_mask[:, : self.width].any(0)
+        first = int(np.argmax(used)) if used.any() else self.width
         last = int(src_mask.shape[1] - np.argmax(src_mask.any(0)[::-1])) if len(rows) else 0
         return DecodeBatch(requests, tokens, [k[rows, :, first:] for k in self.past_keys],
-                           [v[rows, :, first:] for v in self.past_values], cache_mask[:, first:],
+                           [v[rows, :, first:] for v in self.past_values], cache_mask[:, first:], self.width - first,
                            [k[rows, :, :last] for k in self.cross_keys], [v[rows, :, :last] for v in self.cross_values],
                            src_mask[:, :last])  # fmt: skip
 
 
 def concatenate(a: DecodeBatch, b: DecodeBatch) -> DecodeBatch:
-    """One batch of both; caches are left-padded and sources right-padded, the padding masked."""
+    """One batch of both; caches are left-aligned to the wider one's width (padding masked), sources right-padded."""
     if not len(a):
         return b
     if not len(b):
         return a
-    t, s = max(a.cache_mask.shape[1], b.cache_mask.shape[1]), max(a.src_mask.shape[1], b.src_mask.shape[1])
+    width, s = max(a.width, b.width), max(a.src_mask.shape[1], b.src_mask.shape[1])
+    capacity = width + GROW
 
-    def join(x: np.ndarray, y: np.ndarray, axis: int, width: int, left: bool) -> np.ndarray:
-        """``x`` and ``y`` stacked along their rows (axis 0), padded with zeros/False to ``width`` along ``axis``."""
+    def caches(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Both batches' used columns, each ending at ``width``, in new buffers of ``capacity`` columns."""
+        out = np.zeros((len(x) + len(y), *x.shape[1:2], capacity, *x.shape[3:]), dtype=x.dtype)
+        out[: len(x), :, width - a.width : width] = x[:, :, : a.width]
+        out[len(x) :, :, width - b.width : width] = y[:, :, : b.width]
+        return out
+
+    mask = np.zeros((len(a) + len(b), capacity), dtype=bool)
+    mask[: len(a), width - a.width : width] = a.cache_mask[:, : a.width]
+    mask[len(a) :, width - b.width : width] = b.cache_mask[:, : b.width]
+
+    def sources(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
+        """Stacked along rows, right-padded with zeros/False to ``s`` along ``axis``."""
         parts = []
         for z in (x, y):
             pad = [(0, 0)] * z.ndim
-            missing = width - z.shape[axis]
-            pad[axis] = (missing, 0) if left else (0, missing)
-            parts.append(np.pad(z, pad) if missing else z)
+            pad[axis] = (0, s - z.shape[axis])
+            parts.append(np.pad(z, pad) if z.shape[axis] < s else z)
         return np.concatenate(parts)
 
-    def layers(name: str, width: int, left: bool) -> list[np.ndarray]:
-        return [join(x, y, 2, width, left) for x, y in zip(getattr(a, name), getattr(b, name))]
-
     return DecodeBatch(
-        a.requests + b.requests, np.concatenate([a.tokens, b.tokens]), layers("past_keys", t, True),
-        layers("past_values", t, True), join(a.cache_mask, b.cache_mask, 1, t, True), layers("cross_keys", s, False),
-        layers("cross_values", s, False), join(a.src_mask, b.src_mask, 1, s, False),
+        a.requests + b.requests, np.concatenate([a.tokens, b.tokens]),
+        [caches(x, y) for x, y in zip(a.past_keys, b.past_keys)], [caches(x, y) for x, y in zip(a.past_values, b.past_values)],
+        mask, width, [sources(x, y, 2) for x, y in zip(a.cross_keys, b.cross_keys)],
+        [sources(x, y, 2) for x, y in zip(a.cross_values, b.cross_values)], sources(a.src_mask, b.src_mask, 1),
     )  # fmt: skip
 
 
@@ -275,7 +321,9 @@ def _searches(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> tuple[np.n
 
 
 def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Request], DecodeBatch]:
-    """One decoder run over the batch: (requests that finished or were cancelled, the next batch)."""
+    """One decoder run over the batch: (requests that finished or were cancelled, the next batch).
+
+    The batch's cache buffers are written in place; the next batch is the same one unless requests left."""
     layers = range(len(batch.past_keys))
     feeds = {"tokens": batch.tokens[:, None], "positions": batch.positions[:, None], "cache_mask": batch.cache_mask,
              "src_mask": batch.src_mask}  # fmt: skip
@@ -283,10 +331,7 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Re
         feeds[f"past_keys_{i}"], feeds[f"past_values_{i}"] = batch.past_keys[i], batch.past_values[i]
         feeds[f"cross_keys_{i}"], feeds[f"cross_values_{i}"] = batch.cross_keys[i], batch.cross_values[i]
     out = decoder(feeds)
-    grown = DecodeBatch(batch.requests, batch.tokens, [out[f"present_keys_{i}"] for i in layers],
-                        [out[f"present_values_{i}"] for i in layers],
-                        np.concatenate([batch.cache_mask, np.ones((len(batch), 1), dtype=bool)], axis=1),
-                        batch.cross_keys, batch.cross_values, batch.src_mask)  # fmt: skip
+    batch.append([out[f"new_keys_{i}"] for i in layers], [out[f"new_values_{i}"] for i in layers])  # in place
     log_probs, ids, values = _searches(batch, out["log_probs"], spec.eos_id)
     best = log_probs.argmax(-1)
     best_log_probs = log_probs[np.arange(len(best)), best].tolist()
@@ -312,11 +357,11 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Re
     if not finished:  # the same requests: at most beams reorder within each, so only their cache rows move
         moved = np.flatnonzero(order != np.arange(len(order)))
         if len(moved):
-            for cache in (*grown.past_keys, *grown.past_values):
+            for cache in (*batch.past_keys, *batch.past_values):
                 cache[moved] = cache[order[moved]]  # the right side is gathered before it is written
-        grown.tokens = np.array(tokens, dtype=np.int64)
-        return finished, grown
-    return finished, grown.take(order, keep, np.array(tokens, dtype=np.int64))
+        batch.tokens = np.array(tokens, dtype=np.int64)
+        return finished, batch
+    return finished, batch.take(order, keep, np.array(tokens, dtype=np.int64))
 
 
 def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -46,11 +46,12 @@ class Translator:
         if self.tokenizer.special.as_dict() != {k: int(v) for k, v in special.items()}:
             raise ManifestError(f"{entry.path}: tokenizer special ids differ from the manifest's")
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
-        missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
-        if missing:
-            raise ManifestError(f"{entry.path}: decoder.onnx lacks the inputs {sorted(missing)} (an export from before "
-                                "per-layer caches?); re-export it with `python -m export.translator`")  # fmt: skip
         outputs = decoding_outputs(self.spec.layers)
+        missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
+        missing |= set(outputs["decoder"]) - {o.name for o in decoder.session.get_outputs()}
+        if missing:
+            raise ManifestError(f"{entry.path}: decoder.onnx lacks {sorted(missing)} (an export from before per-layer "
+                                "cache buffers?); re-export it with `python -m export.translator`")  # fmt: skip
         self.encoder: Graph = session_fn(encoder.session, outputs["encoder"])
         self.decoder: Graph = session_fn(decoder.session, outputs["decoder"])
         self.provider = encoder.provider

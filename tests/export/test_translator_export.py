@@ -37,7 +37,7 @@ def test_graph_names_and_dynamic_axes_are_recorded(entry):
     layers = entry.manifest["decoding"]["layers"]
     assert [i["name"] for i in dec["inputs"]] == decoder_inputs(layers)  # one cache tensor per layer: no split, no stack
     assert [o["name"] for o in dec["outputs"]] == list(decoding_outputs(layers)["decoder"])  # no attention per step
-    assert dec["outputs"][1]["name"] == "present_keys_0"
+    assert dec["outputs"][1]["name"] == "new_keys_0"  # the new position only: the caller's buffers hold the cache
     prefix = entry.manifest["graphs"]["decoder_prefix"]
     assert [i["name"] for i in prefix["inputs"]] == ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
     assert [o["name"] for o in prefix["outputs"]] == ["log_probs", "self_attentions", "cross_attentions"]

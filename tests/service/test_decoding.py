@@ -37,8 +37,8 @@ def bigram_graphs(tables: dict[int, np.ndarray]):
         seen.append(n)
         table = np.stack([tables[int(k)] for k in feeds["cross_keys_0"][:, 0, 0, 0]])  # (n, V, V)
         log_probs = np.log(table[np.arange(n), feeds["tokens"][:, 0]])
-        present = np.concatenate([past, np.zeros((n, 1, 1, 1), np.float32)], axis=2)
-        return {"log_probs": log_probs, "present_keys_0": present, "present_values_0": present}
+        new = np.zeros((n, 1, 1, 1), np.float32)
+        return {"log_probs": log_probs, "new_keys_0": new, "new_values_0": new}
 
     return encoder, decoder, seen
 
@@ -115,7 +115,9 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
         _, batch = step(batch, dec, spec)
     late = [Request(sources[3], 12, beam=2, num_return=2), Request(sources[4], 5)]
     batch = concatenate(batch, DecodeBatch.start(late, enc, spec))
-    assert batch.cache_mask[-3:].sum() == 0 and batch.cache_mask[:2].all()  # the newcomers' cache is padding
+    assert batch.width == 3 and batch.capacity > 3  # three positions written, room for more
+    assert batch.cache_mask[-3:].sum() == 0 and batch.cache_mask[:2, :3].all()  # the newcomers' cache is padding
+    assert not batch.cache_mask[:, 3:].any()
     finished = []
     while len(batch):
         done, batch = step(batch, dec, spec)
