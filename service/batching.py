@@ -88,6 +88,15 @@ class BatchState:
         self._items.append(item)
         self.queued += item.size
 
+    def purge(self) -> list[Any]:
+        """Remove every abandoned request now (their clients left): queue space for live ones."""
+        kept, gone = deque(), []
+        for item in self._items:
+            (gone if item.abandoned else kept).append(item)
+        self._items = kept
+        self.queued -= sum(item.size for item in gone)
+        return gone
+
     def is_full(self) -> bool:
         """True when the next batch cannot grow any more, so waiting for batch-mates is pointless."""
         return self.queued >= self.max_batch_size
@@ -261,8 +270,16 @@ class Batcher:
         if self._closed:
             raise ShuttingDown(f"model {self.name} is shutting down")
         future = asyncio.get_running_loop().create_future()
+        pending = Pending(rows, future, attention)
         try:
-            self._state.admit(Pending(rows, future, attention))
+            try:
+                self._state.admit(pending)
+            except QueueFull:  # requests whose clients left still hold space until a batch drops them: drop them now
+                gone = self._state.purge()
+                if not gone:
+                    raise
+                self._observer.dropped(len(gone))
+                self._state.admit(pending)
         except QueueFull as e:
             self._observer.rejected()
             raise Overloaded(

@@ -287,6 +287,28 @@ def test_a_full_queue_answers_overloaded_with_retry_after():
     assert refused.status == 503 and refused.headers == {"Retry-After": "7"}
 
 
+def test_requests_whose_clients_left_give_their_queue_space_to_new_ones():
+    async def scenario():
+        model = Doubler()
+        batcher = make_batcher(model, max_batch_size=2, max_queue_images=4)
+        batcher.start()
+        model.gate.clear()
+        running = batcher.submit(rows(1, 1))
+        await asyncio.to_thread(model.entered.wait, 30)
+        left = [batcher.submit(rows(2, 2)), batcher.submit(rows(3, 3))]  # the queue is full...
+        for future in left:
+            future.cancel()  # ...of requests whose clients went away
+        admitted = batcher.submit(rows(4, 4))  # would have been refused as overloaded
+        model.gate.set()
+        await asyncio.gather(running, admitted)
+        await batcher.stop()
+        return model, admitted.result()
+
+    model, result = asyncio.run(scenario())
+    assert np.array_equal(result, rows(8, 8))
+    assert all(2 not in b and 3 not in b for b in model.batches)
+
+
 def test_stop_fails_what_is_still_queued_instead_of_leaving_it_hanging():
     async def scenario():
         model = Doubler()
