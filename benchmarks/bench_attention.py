@@ -117,6 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=int, default=5, help="wrk duration of each /classify measurement")
+    p.add_argument("--bursts", type=int, default=4, help="/translate bursts of --clients requests per service and round")
     return p.parse_args(argv)
 
 
@@ -144,12 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                 order = list(services) if r % 2 == 0 else list(services)[::-1]
                 for name in order:
                     figures.setdefault(f"classify {name}", []).append(classify_rate(services[name], plain, args))
-                    tok = asyncio.run(translate_all(services[name].url, texts, attention=False))
-                    figures.setdefault(f"translate {name}", []).append(tok)
                 rate = classify_rate(services["shipped"], with_attention, args)
                 figures.setdefault("classify shipped, return_attention", []).append(rate)
-                tok = asyncio.run(translate_all(services["shipped"].url, texts, attention=True))
-                figures.setdefault("translate shipped, return_attention", []).append(tok)
+                for _ in range(args.bursts):  # one burst lasts ~0.35 s: alternate several, or noise decides
+                    for name in order:
+                        tok = asyncio.run(translate_all(services[name].url, texts, attention=False))
+                        figures.setdefault(f"translate {name}", []).append(tok)
+                    tok = asyncio.run(translate_all(services["shipped"].url, texts, attention=True))
+                    figures.setdefault("translate shipped, return_attention", []).append(tok)
                 print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
         finally:
             for s in services.values():
@@ -163,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(args: argparse.Namespace, m: dict[str, float]) -> None:
-    print(f"\nattention costs: medians of {args.rounds} interleaved rounds, {args.clients} clients")
+    print(f"\nattention costs: medians of {args.rounds} interleaved rounds ({args.bursts} /translate bursts each), "
+          f"{args.clients} clients")
     print(f"{'measurement':48} {'median':>10}  ratio")
     for task, unit in (("classify", "img/s"), ("translate", "tok/s")):
         base = m[f"{task} no-attention"]
