@@ -2,8 +2,9 @@
 
 Two layers, after TGI's router: ``BatchState`` is the queue and the batch-forming rules as a plain
 object (unit-tested without an event loop); ``Batcher`` is one asyncio worker task per model that
-owns a ``BatchState``, hands batches to a dedicated thread (onnxruntime never runs on the event
-loop) and gives every request exactly one result or one error (Triton's ``execute`` contract).
+owns a ``BatchState``, hands batches to its own threads, one per model instance (onnxruntime never
+runs on the event loop), and gives every request exactly one result or one error (Triton's
+``execute`` contract).
 
 How long to wait for batch-mates is not a fixed delay. A flat delay makes a lone client pay it on
 every request for batch-mates that never come. Instead:
