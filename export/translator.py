@@ -36,7 +36,9 @@ from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import load_checkpoint
 from model.translation.textio import TextFileError, read_tsv
-from service.decoding import DecoderSpec, Graph, Hypothesis, beam_search, greedy, pad_sources, session_fn, decoder_inputs, decoding_outputs, per_layer
+from service.decoding import (
+    DecoderSpec, Graph, Hypothesis, beam_search, decoder_inputs, decoding_outputs, greedy, pad_sources, per_layer, session_fn,
+)  # fmt: skip
 from service.tokenizer import Tokenizer
 
 ENCODER_INPUTS = ["src_ids", "src_mask"]

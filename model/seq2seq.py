@@ -8,16 +8,16 @@ projection optionally tied to the target embedding. Every attention is the share
 :class:`model.layers.Attention`, so the probabilities served are the ones the model computed.
 
 ``encode()`` and ``decode()`` are separate. ``decode()`` runs a whole target prefix (training,
-uncached decoding); ``decode_step()`` runs one token per sequence against a key/value cache, which
-is what ``export/translator.py`` turns into ``decoder.onnx``. Caches are stacked over layers:
-keys and values are (layers, B, heads, T, head_dim).
+uncached decoding); ``decode_step()`` runs one token per sequence against a key/value cache
+stacked over layers, (layers, B, heads, T, head_dim). ``decode_step_layers()``, what
+``export/translator.py`` turns into ``decoder.onnx``, takes one cache buffer per layer instead and
+returns only the new position's keys and values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -153,51 +153,26 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (B, T, D): the new target positions
-        self_mask: torch.Tensor,  # broadcastable to (B, H, T, past + T)
+        self_mask: torch.Tensor,  # broadcastable to (B, H, T, T); with a cache: (B, 1, 1, C), its real positions
         cross_k: torch.Tensor,  # (B, H, S, Dh)
         cross_v: torch.Tensor,
         src_mask: torch.Tensor,  # (B, 1, 1, S)
-        past_k: torch.Tensor | None = None,  # (B, H, past, Dh)
+        past_k: torch.Tensor | None = None,  # (B, H, C, Dh) a cache buffer, C >= the positions in use
         past_v: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns x, present keys, present values (past + new), self- and cross-attention probabilities."""
+        """Returns x, the keys and values of ``x``'s positions, self- and cross-attention probabilities.
+
+        With a cache, ``x`` is one new position attending to the buffer and to itself; the keys and
+        values returned are the new position's only (the caller writes them into its buffer), and the
+        self-attention probabilities are over the C buffer positions then the new one."""
 
         def self_block(h: torch.Tensor):
             a = self.self_attn
             q, k, v = a.split_heads(a.q(h)), a.split_heads(a.k(h)), a.split_heads(a.v(h))
-            if past_k is not None:
-                k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-            out, probs = a.attend(q, k, v, self_mask)
-            return out, (k, v, probs)
-
-        def cross_block(h: torch.Tensor):
-            a = self.cross_attn
-            return a.attend(a.split_heads(a.q(h)), cross_k, cross_v, src_mask)
-
-        x, (k, v, self_probs) = self.sub1(x, self_block)
-        x, cross_probs = self.sub2(x, cross_block)
-        x, _ = self.sub3(x, lambda h: (self.ffn(h), None))
-        return x, k, v, self_probs, cross_probs
-
-
-    def step(
-        self,
-        x: torch.Tensor,  # (B, 1, D): one new target position
-        past_mask: torch.Tensor,  # (B, 1, 1, C): the buffer's real positions
-        cross_k: torch.Tensor,
-        cross_v: torch.Tensor,
-        src_mask: torch.Tensor,
-        past_k: torch.Tensor,  # (B, H, C, Dh) cache buffer
-        past_v: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``forward`` for one position against a cache buffer: returns x, the new position's key and
-        value (B, H, 1, Dh) (not past + new: the caller writes them into its buffer), self-attention
-        probabilities over (C + 1) keys and cross-attention probabilities."""
-
-        def self_block(h: torch.Tensor):
-            a = self.self_attn
-            q, k, v = a.split_heads(a.q(h)), a.split_heads(a.k(h)), a.split_heads(a.v(h))
-            out, probs = a.attend_cached(q, past_k, past_v, k, v, past_mask)
+            if past_k is None:
+                out, probs = a.attend(q, k, v, self_mask)
+            else:
+                out, probs = a.attend_cached(q, past_k, past_v, k, v, self_mask)
             return out, (k, v, probs)
 
         def cross_block(h: torch.Tensor):
@@ -337,7 +312,7 @@ class Seq2Seq(nn.Module):
         past_mask, cross_mask = key_mask(cache_mask), key_mask(src_mask)
         keys, values, self_probs, cross_probs = [], [], [], []
         for i, layer in enumerate(self.decoder):
-            x, k, v, sp, cp = layer.step(x, past_mask, cross_keys[i], cross_values[i], cross_mask, past_keys[i], past_values[i])
+            x, k, v, sp, cp = layer(x, past_mask, cross_keys[i], cross_values[i], cross_mask, past_keys[i], past_values[i])
             keys.append(k)
             values.append(v)
             self_probs.append(sp[:, :, 0])

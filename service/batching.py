@@ -81,21 +81,25 @@ class BatchState:
     def __len__(self) -> int:
         return len(self._items)
 
-    def admit(self, item: Queueable) -> None:
+    def admit(self, item: Queueable) -> list[Any]:
+        """Queue ``item``; returns the abandoned requests removed to make room for it (usually none).
+
+        Requests whose clients left hold their space until a batch drops them; when the queue looks
+        full they are dropped at once, so that nobody is refused for work nobody waits for.
+        """
         if not 1 <= item.size <= self.max_batch_size:
             raise ValueError(f"a request of {item.size} images cannot fit a batch of {self.max_batch_size}")
+        gone: list[Any] = []
         if self.queued + item.size > self.max_queued:
-            raise QueueFull(f"{self.queued} images queued, bound {self.max_queued}")
+            kept: deque[Any] = deque()
+            for queued in self._items:
+                (gone if queued.abandoned else kept).append(queued)
+            self._items = kept
+            self.queued -= sum(g.size for g in gone)
+            if self.queued + item.size > self.max_queued:
+                raise QueueFull(f"{self.queued} images queued, bound {self.max_queued}")
         self._items.append(item)
         self.queued += item.size
-
-    def purge(self) -> list[Any]:
-        """Remove every abandoned request now (their clients left): queue space for live ones."""
-        kept, gone = deque(), []
-        for item in self._items:
-            (gone if item.abandoned else kept).append(item)
-        self._items = kept
-        self.queued -= sum(item.size for item in gone)
         return gone
 
     def is_full(self) -> bool:
@@ -271,22 +275,16 @@ class Batcher:
         if self._closed:
             raise ShuttingDown(f"model {self.name} is shutting down")
         future = asyncio.get_running_loop().create_future()
-        pending = Pending(rows, future, attention)
         try:
-            try:
-                self._state.admit(pending)
-            except QueueFull:  # requests whose clients left still hold space until a batch drops them: drop them now
-                gone = self._state.purge()
-                if not gone:
-                    raise
-                self._observer.dropped(len(gone))
-                self._state.admit(pending)
+            gone = self._state.admit(Pending(rows, future, attention))
         except QueueFull as e:
             self._observer.rejected()
             raise Overloaded(
                 f"model {self.name} has {self._state.queued} images queued (bound {self._state.max_queued}); retry later",
                 headers={"Retry-After": self._retry_after},
             ) from e
+        if gone:
+            self._observer.dropped(len(gone))
         self._observer.queue_depth(self._state.queued)
         self._wakeup.set()
         return future

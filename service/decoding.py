@@ -55,6 +55,7 @@ def decoder_inputs(layers: int) -> list[str]:
     names = ["tokens", "positions", "cache_mask", "src_mask"]
     return names + [n for kind in ("past_keys", "past_values", "cross_keys", "cross_values") for n in per_layer(kind, layers)]
 
+
 _ids = itertools.count()
 
 
@@ -170,24 +171,19 @@ class DecodeBatch:
     def append(self, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
         """Write a step's new keys/values (rows, H, 1, Dh) per layer into the next free column."""
         if self.width == self.capacity:
-            self._resize(self.width + GROW)
+            self._grow()
         t = self.width
         for buf, new in zip((*self.past_keys, *self.past_values), (*keys, *values)):
             buf[:, :, t] = new[:, :, 0]
         self.cache_mask[:, t] = True
         self.width = t + 1
 
-    def _resize(self, capacity: int) -> None:
-        def grow(x: np.ndarray, axis: int) -> np.ndarray:
-            shape = list(x.shape)
-            shape[axis] = capacity
-            out = np.zeros(shape, dtype=x.dtype)
-            out[(slice(None),) * axis + (slice(0, self.width),)] = x[(slice(None),) * axis + (slice(0, self.width),)]
-            return out
-
-        self.past_keys = [grow(k, 2) for k in self.past_keys]
-        self.past_values = [grow(v, 2) for v in self.past_values]
-        self.cache_mask = grow(self.cache_mask, 1)
+    def _grow(self) -> None:
+        """``GROW`` more columns, zero and masked, on every buffer (a full buffer: every column is copied)."""
+        pad = ((0, 0), (0, 0), (0, GROW), (0, 0))
+        self.past_keys = [np.pad(k, pad) for k in self.past_keys]
+        self.past_values = [np.pad(v, pad) for v in self.past_values]
+        self.cache_mask = np.pad(self.cache_mask, ((0, 0), (0, GROW)))
 
     def take(self, rows: np.ndarray, requests: list[Request], tokens: np.ndarray) -> DecodeBatch:
         """The batch made of ``rows`` (in that order), trimmed of cache and source columns no row uses."""
@@ -307,12 +303,14 @@ def _greedy(req: Request, tok: int, log_prob: float, eos: int) -> list[tuple[int
 def _searches(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a step selects from: log-probs with eos ruled out for ``ignore_eos`` rows, and the best
     candidates (ids, log-probs) of every row of a request that searches (beam > 1, or recording)."""
-    beams = np.array([r.beam for r in batch.requests])
-    if any(r.ignore_eos for r in batch.requests):
+    requests = batch.requests
+    beams = [r.beam for r in requests]
+    if any(r.ignore_eos for r in requests):
         log_probs = log_probs.copy()
-        log_probs[np.repeat([r.ignore_eos for r in batch.requests], beams), eos] = -np.inf
-    searching = np.repeat([r.beam > 1 or r.record for r in batch.requests], beams)
-    k = min(2 * int(beams[searching[np.cumsum(beams) - 1]].max(initial=1)), log_probs.shape[1])
+        log_probs[np.repeat([r.ignore_eos for r in requests], beams), eos] = -np.inf
+    searches = [r.beam > 1 or r.record for r in requests]
+    searching = np.repeat(searches, beams)
+    k = min(2 * max((r.beam for r, s in zip(requests, searches) if s), default=1), log_probs.shape[1])
     ids = np.zeros((len(log_probs), k), dtype=np.int64)
     values = np.full((len(log_probs), k), -np.inf, dtype=log_probs.dtype)
     if searching.any():

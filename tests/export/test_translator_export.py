@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -11,9 +10,8 @@ import torch
 from export.common import ExportError
 from export.translator import check_parity, decoder_spec, export_graphs, parity_report
 from model.seq2seq import Seq2Seq, Seq2SeqConfig
-from service.decoding import session_fn
+from service.decoding import decoder_inputs, decoding_outputs, session_fn
 from service.manifest import load_entry
-from service.decoding import decoder_inputs, decoding_outputs
 from service.tokenizer import Tokenizer
 from tests.conftest import run_module
 
