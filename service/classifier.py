@@ -7,7 +7,7 @@ normalisation); nothing is guessed. Normalisation is bit-for-bit the export's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +26,11 @@ class Preprocessing:
     scale: np.float32
     mean: np.ndarray  # (C,) float32
     std: np.ndarray  # (C,) float32
+    lut: np.ndarray = field(init=False, repr=False, compare=False)  # (C, 256) float32: every uint8 value normalised
+
+    def __post_init__(self) -> None:
+        values = np.arange(256, dtype=np.uint8).astype(np.float32) * self.scale
+        object.__setattr__(self, "lut", np.ascontiguousarray(((values[:, None] - self.mean) / self.std).T))
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> Preprocessing:
@@ -50,16 +55,24 @@ class Preprocessing:
 
     def stack(self, images: list[np.ndarray]) -> np.ndarray:
         """Decoded uint8 images (H, W) or (H, W, C) -> one uint8 block (N, H, W, C) to queue."""
-        return np.stack(images).reshape(len(images), self.image_size, self.image_size, self.channels)
+        shape = (len(images), self.image_size, self.image_size, self.channels)
+        return images[0].reshape(shape) if len(images) == 1 else np.stack(images).reshape(shape)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
         """uint8 (N, H, W, C) -> float32 (N, C, H, W), as the model was trained.
 
-        Elementwise, so normalising a whole batch at once gives every image the same bits as alone.
+        A lookup in a table of the 256 values normalised with the training arithmetic
+        (``float32(x) * scale``, then ``(x - mean) / std`` in float32): elementwise float32 arithmetic
+        gives every value the same bits wherever it is computed, so the table's answer is the
+        arithmetic's, in one numpy call instead of four (it runs on the event loop for every request).
         """
-        x = pixels.astype(np.float32) * self.scale
-        x = (x - self.mean) / self.std
-        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        n, h, w, c = pixels.shape
+        if c == 1:
+            return self.lut[0][pixels.reshape(n, 1, h, w)]
+        out = np.empty((n, c, h, w), np.float32)
+        for channel in range(c):
+            np.take(self.lut[channel], pixels[..., channel], out=out[:, channel])
+        return out
 
 
 @dataclass(frozen=True)

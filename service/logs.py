@@ -7,12 +7,16 @@ batcher, the decoder) is tagged with it without passing it around. Ids sent by c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import datetime as dt
+import itertools
 import json
 import logging
 import os
 import re
+import time
 from typing import Any
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -23,13 +27,23 @@ _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnse
 _STANDARD_ATTRS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "request_id", "color_message"}
 
 
+# Generated ids: 32 hex digits, a random per-process half and a counter. Unique without a random
+# draw per request (a system call; on a loaded 2-core VM one cost as much as the rest of the id handling).
+_ID_PREFIX = os.urandom(8).hex()
+_id_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
+
+
+def new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_id_counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
 def current_request_id() -> str | None:
     return _request_id.get()
 
 
 def bind_request_id(candidate: str | None) -> tuple[str, contextvars.Token]:
     """The client's id when it is safe to log, else a fresh one; bound to the current context."""
-    request_id = candidate if candidate and _SAFE_REQUEST_ID.match(candidate) else os.urandom(16).hex()
+    request_id = candidate if candidate and _SAFE_REQUEST_ID.match(candidate) else new_request_id()
     return request_id, _request_id.set(request_id)
 
 
@@ -62,6 +76,78 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
+
+
+class AccessLog:
+    """The access log's lines, written straight to the stream of its JSON handler, once per loop iteration.
+
+    Through ``logging`` a line cost about 23 us (a record, a filter, a generic formatter walking the
+    record's attributes, a write and a flush), an eighth of the event loop's CPU per request under
+    load. Here the line is the dict ``JsonFormatter`` would build, dumped directly, and the lines of
+    one loop iteration share one write (under load, one per batch of answers instead of one per
+    request). Any other set-up of the ``attnserve.access`` logger (text format, other handlers,
+    tests capturing records) goes through ``logging`` as before.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._pending: list[str] = []
+        self._second = -1
+        self._second_text = ""
+
+    def log(self, level: int, method: str, path: str, status: int, duration_ms: float, client: str | None,
+            request_id: str | None) -> None:  # fmt: skip
+        logger = self.logger
+        if not logger.isEnabledFor(level):
+            return
+        handler = self._direct_handler()
+        if handler is None:
+            logger.log(level, "%s %s %d", method, path, status, extra={
+                "method": method, "path": path, "status": status, "duration_ms": duration_ms, "client": client})  # fmt: skip
+            return
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second, self._second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        out: dict[str, Any] = {
+            "ts": f"{self._second_text}.{int((now - second) * 1000):03d}+00:00",
+            "level": logging.getLevelName(level).lower(),
+            "logger": logger.name,
+            "message": f"{method} {path} {status}",
+        }
+        if request_id:
+            out["request_id"] = request_id
+        out.update(method=method, path=path, status=status, duration_ms=duration_ms, client=client)
+        self._pending.append(json.dumps(out) + "\n")
+        if len(self._pending) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush, handler)
+            except RuntimeError:  # no loop running: write now
+                self.flush(handler)
+
+    def flush(self, handler: logging.StreamHandler) -> None:
+        lines, self._pending = self._pending, []
+        with handler.lock or contextlib.nullcontext():
+            handler.stream.write("".join(lines))
+            handler.flush()
+
+    def _direct_handler(self) -> logging.StreamHandler | None:
+        """The one JSON stream handler the line goes to, when that is all it goes to."""
+        handlers: list[logging.Handler] = []
+        logger: logging.Logger | None = self.logger
+        while logger is not None:
+            if logger.filters:
+                return None
+            handlers += logger.handlers
+            logger = logger.parent if logger.propagate else None
+        if len(handlers) != 1:
+            return None
+        handler = handlers[0]
+        if type(handler) is not logging.StreamHandler or type(handler.formatter) is not JsonFormatter:
+            return None
+        if handler.level > logging.DEBUG or any(type(f) is not RequestIdFilter for f in handler.filters):
+            return None
+        return handler
 
 
 class TextFormatter(logging.Formatter):

@@ -12,7 +12,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import BodyTooLarge, error_response, internal_error_response
-from service.logs import REQUEST_ID_HEADER, bind_request_id, unbind_request_id
+from service.logs import REQUEST_ID_HEADER, AccessLog, bind_request_id, unbind_request_id
 from service.metrics import Metrics
 
 access = logging.getLogger("attnserve.access")
@@ -32,7 +32,7 @@ class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics, access_log: bool = True) -> None:
         self.app = app
         self.metrics = metrics
-        self.access_log = access_log
+        self.access_log = AccessLog(access) if access_log else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,12 +71,9 @@ class RequestContextMiddleware:
             self.metrics.observe_request(template, scope["method"], status, elapsed)
             if self.access_log:
                 level = logging.DEBUG if scope["path"] in _QUIET_PATHS else logging.INFO
-                if access.isEnabledFor(level):
-                    access.log(level, "%s %s %d", scope["method"], scope["path"], status, extra={
-                        "method": scope["method"], "path": scope["path"], "status": status,
-                        "duration_ms": round(elapsed * 1000, 3),
-                        "client": scope["client"][0] if scope.get("client") else None,
-                    })  # fmt: skip
+                client = scope.get("client")
+                self.access_log.log(level, scope["method"], scope["path"], status, round(elapsed * 1000, 3),
+                                    client[0] if client else None, request_id)  # fmt: skip
             unbind_request_id(token)
 
 

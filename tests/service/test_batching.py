@@ -139,7 +139,7 @@ def test_every_request_gets_its_own_rows_back_and_concurrent_ones_share_a_run():
     assert [len(b) for b in model.batches] == [1, 6]  # the three waiting requests ran together
 
 
-def test_prepare_and_finish_run_on_the_loop_once_per_batch_and_only_the_model_on_the_thread():
+def test_prepare_runs_on_the_loop_per_request_finish_once_per_batch_and_only_the_model_on_the_thread():
     threads: dict[str, list[int]] = {"prepare": [], "run": [], "finish": []}
 
     def prepare(x: np.ndarray) -> np.ndarray:
@@ -171,7 +171,8 @@ def test_prepare_and_finish_run_on_the_loop_once_per_batch_and_only_the_model_on
 
     results, loop_thread = asyncio.run(scenario())
     assert [r.tolist() for r in results] == [[[40.0]], [[60.0]], [[80.0]]]  # (x + 1) * 2 * 10, each its own row
-    assert len(threads["prepare"]) == len(threads["finish"]) == len(threads["run"]) == 2  # two batches
+    assert len(threads["prepare"]) == 3  # each request as it is queued
+    assert len(threads["finish"]) == len(threads["run"]) == 2  # two batches
     assert set(threads["prepare"]) == set(threads["finish"]) == {loop_thread}
     assert loop_thread not in threads["run"]
 
@@ -331,22 +332,35 @@ def test_stop_fails_what_is_still_queued_instead_of_leaving_it_hanging():
     assert running.done()
 
 
-def test_the_worker_waits_for_requests_still_being_received_and_only_for_them():
+def test_a_free_instance_waits_for_requests_still_being_received_only_while_another_batch_computes():
     async def scenario():
-        model = Doubler()
-        intake = Intake()
-        batcher = make_batcher(model, intake=intake, max_queue_delay_s=30.0)
-        batcher.start()
-        with intake.receiving():  # request B is being received while A is queued
-            a = batcher.submit(rows(1))
-            await asyncio.sleep(0.05)
-            assert not a.done()  # A waits for B: B is on its way and the batch has room
-            b = batcher.submit(rows(2))
-        await asyncio.gather(a, b)
-        alone = await batcher.submit(rows(3))  # nothing incoming: dispatched at once, no 30 s wait
-        await batcher.stop()
-        return model, alone
+        started: list[list[float]] = []
+        release = threading.Event()
 
-    model, alone = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
-    assert [len(b) for b in model.batches] == [2, 1]
-    assert np.array_equal(alone, rows(6))
+        def run(x: np.ndarray, attention: bool) -> np.ndarray:
+            started.append(x[:, 0].tolist())
+            if x[0, 0] == 2:  # the batch that keeps the other instance busy
+                release.wait(timeout=30)
+            return x * 2
+
+        intake = Intake()
+        batcher = make_batcher(run, intake=intake, max_queue_delay_s=30.0, instances=2)
+        batcher.start()
+        with intake.receiving():  # idle: a request being received is not waited for
+            alone = await batcher.submit(rows(1))
+        held = batcher.submit(rows(2))
+        await wait_for(lambda: len(started) == 2)
+        with intake.receiving():  # request B is being received while A is queued and an instance is free
+            a = batcher.submit(rows(3))
+            await asyncio.sleep(0.05)
+            assert len(started) == 2  # A waits for B: the CPU is busy anyway, B is on its way, the batch has room
+            b = batcher.submit(rows(4))
+        await asyncio.gather(a, b)
+        release.set()
+        await held
+        await batcher.stop()
+        return started, alone
+
+    started, alone = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    assert started == [[1.0], [2.0], [3.0, 4.0]]
+    assert np.array_equal(alone, rows(2))
