@@ -76,6 +76,8 @@ class Metrics:
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
 
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
         self.attention_records = Gauge("attnserve_attention_store_records", "Attention records kept (memory store).", registry=r)
         self.attention_bytes = Gauge("attnserve_attention_store_bytes", "Bytes of attention maps kept (memory store).", registry=r)
         self.attention_evictions = Counter(
@@ -88,8 +90,12 @@ class Metrics:
         )  # fmt: skip
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route, method).observe(seconds)
+        children = self._request_children.get((route, method, status))
+        if children is None:  # first request of its kind: resolve the labelled children once
+            children = (self.requests.labels(route, method, str(status)), self.latency.labels(route, method))
+            self._request_children[(route, method, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def for_model(self, model: str) -> ModelMetrics:
         return ModelMetrics(self, model)

@@ -364,3 +364,22 @@ def test_a_free_instance_waits_for_requests_still_being_received_only_while_anot
     started, alone = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
     assert started == [[1.0], [2.0], [3.0, 4.0]]
     assert np.array_equal(alone, rows(2))
+
+
+def test_one_request_at_a_time_keeps_to_the_instance_idle_most_recently():
+    async def scenario():
+        threads: list[int] = []
+
+        def run(x: np.ndarray, attention: bool) -> np.ndarray:
+            threads.append(threading.get_ident())
+            return x * 2
+
+        batcher = make_batcher(run, instances=3)
+        batcher.start()
+        for v in range(20):
+            assert np.array_equal(await batcher.submit(rows(v)), rows(2 * v))
+        await batcher.stop()
+        return threads
+
+    threads = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    assert len(threads) == 20 and len(set(threads[1:])) == 1  # its caches are warm; the others stay asleep

@@ -1,0 +1,72 @@
+"""Structured logs: request ids, and the access log's direct path writing exactly what logging would."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+
+from service.logs import AccessLog, JsonFormatter, RequestIdFilter, bind_request_id, new_request_id, unbind_request_id
+
+
+def _logger(name: str, stream: io.StringIO, formatter: logging.Formatter) -> logging.Logger:
+    parent = logging.getLogger(name)
+    parent.handlers.clear()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    handler.addFilter(RequestIdFilter())
+    parent.addHandler(handler)
+    parent.setLevel(logging.INFO)
+    parent.propagate = False
+    return logging.getLogger(f"{name}.access")  # propagates to the parent's handler, as in logging_config
+
+
+def test_generated_request_ids_are_unique_32_hex_digits():
+    ids = [new_request_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    request_id, token = bind_request_id('x" level=error')  # unsafe ids are replaced by a generated one
+    unbind_request_id(token)
+    assert re.fullmatch(r"[0-9a-f]{32}", request_id)
+
+
+def test_access_lines_written_directly_are_the_lines_logging_writes():
+    direct, through_logging = io.StringIO(), io.StringIO()
+    access = AccessLog(_logger("t_direct", direct, JsonFormatter()))
+    reference = _logger("t_reference", through_logging, JsonFormatter())
+
+    async def log_both() -> int:
+        for path, status in (("/classify", 200), ('/odd"path\\', 404)):
+            access.log(logging.INFO, "POST", path, status, 1.234, "127.0.0.1", "rid-1")
+            _, token = bind_request_id("rid-1")
+            reference.log(logging.INFO, "%s %s %d", "POST", path, status, extra={
+                "method": "POST", "path": path, "status": status, "duration_ms": 1.234, "client": "127.0.0.1"})  # fmt: skip
+            unbind_request_id(token)
+        access.log(logging.DEBUG, "GET", "/healthz", 200, 0.1, None, "rid-2")  # below the level: not written
+        written = direct.getvalue()
+        await asyncio.sleep(0)  # the lines of one loop iteration are written together, after it
+        return len(written)
+
+    assert asyncio.run(log_both()) == 0
+    ours = [json.loads(line) for line in direct.getvalue().splitlines()]
+    theirs = [json.loads(line) for line in through_logging.getvalue().splitlines()]
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", a.pop("ts"))
+        b.pop("ts")
+        assert (a["logger"], b["logger"]) == ("t_direct.access", "t_reference.access")
+        a["logger"] = b["logger"]
+        assert list(a) == list(b) and a == b  # same fields, same order, same values
+
+
+def test_access_lines_go_through_logging_when_it_is_set_up_otherwise(caplog):
+    logger = _logger("t_other", io.StringIO(), logging.Formatter("%(message)s"))  # not the JSON handler
+    with caplog.at_level(logging.INFO, logger="t_other"):
+        logger.parent.propagate = True  # caplog's handler sits on the root logger
+        AccessLog(logger).log(logging.INFO, "POST", "/classify", 200, 2.5, "10.0.0.1", "rid-3")
+    record = next(r for r in caplog.records if r.name == "t_other.access")
+    assert record.getMessage() == "POST /classify 200"
+    assert (record.method, record.path, record.status, record.duration_ms, record.client) == (
+        "POST", "/classify", 200, 2.5, "10.0.0.1")  # fmt: skip
