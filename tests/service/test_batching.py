@@ -38,6 +38,16 @@ def test_batches_take_whole_requests_in_arrival_order_up_to_the_limit():
     assert state.take() == ([], []) and state.queued == 0
 
 
+def test_a_smaller_share_stops_earlier_but_always_takes_a_whole_request():
+    state = BatchState(max_batch_size=8, max_queued=64)
+    for tag, size in (("a", 3), ("b", 3), ("c", 2)):
+        state.admit(Item(size, tag=tag))
+    assert [i.tag for i in state.take(4)[0]] == ["a"]  # a + b would be 6 > 4
+    assert [i.tag for i in state.take(1)[0]] == ["b"]  # larger than the share, but never split nor starved
+    assert [i.tag for i in state.take(100)[0]] == ["c"]  # never above max_batch_size either
+    assert state.queued == 0
+
+
 def test_requests_whose_client_left_are_dropped_before_compute():
     state = BatchState(max_batch_size=4, max_queued=16)
     gone, kept = Item(2, abandoned=True, tag="gone"), Item(2, tag="kept")
@@ -355,15 +365,41 @@ def test_a_free_instance_waits_for_requests_still_being_received_only_while_anot
             await asyncio.sleep(0.05)
             assert len(started) == 2  # A waits for B: the CPU is busy anyway, B is on its way, the batch has room
             b = batcher.submit(rows(4))
-        await asyncio.gather(a, b)
+        await asyncio.gather(a, b)  # then the free instance takes its share of the two: A, then B
         release.set()
         await held
         await batcher.stop()
         return started, alone
 
     started, alone = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
-    assert started == [[1.0], [2.0], [3.0, 4.0]]
+    assert started == [[1.0], [2.0], [3.0], [4.0]]
     assert np.array_equal(alone, rows(2))
+
+
+def test_a_batch_takes_at_most_its_share_of_the_queue_per_instance():
+    async def scenario():
+        sizes: list[int] = []
+        release = threading.Event()
+
+        def run(x: np.ndarray, attention: bool) -> np.ndarray:
+            sizes.append(len(x))
+            if x[0, 0] == 0:
+                release.wait(timeout=30)
+            return x * 2
+
+        batcher = make_batcher(run, instances=2, max_batch_size=8)
+        batcher.start()
+        held = [batcher.submit(rows(0)), batcher.submit(rows(0))]  # both instances busy
+        await wait_for(lambda: len(sizes) == 2)
+        queued = [batcher.submit(rows(v)) for v in range(1, 7)]  # 6 requests queue up
+        release.set()
+        results = await asyncio.gather(*held, *queued)
+        await batcher.stop()
+        return sizes, results
+
+    sizes, results = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    assert sizes[:2] == [1, 1] and sorted(sizes[2:]) == [1, 2, 3]  # 6 queued, 2 instances: 3, then 2 of the 3 left, then 1
+    assert [r.tolist() for r in results[2:]] == [[[2.0 * v]] for v in range(1, 7)]
 
 
 def test_one_request_at_a_time_keeps_to_the_instance_idle_most_recently():
