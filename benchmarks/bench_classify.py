@@ -274,6 +274,34 @@ def bare_onnxruntime(graph: Path, x: np.ndarray, batch_sizes: list[int], seconds
     return {"img_per_s": results, "latency_b1": latency_b1, "samples": samples}
 
 
+class BareBest:
+    """Bare onnxruntime's best candidates (its defaults at batch 16 and 32, the service's options at
+    batch 8), measured again after every round: on a shared VM the machine's speed drifts by 20%
+    within a minute, and a best measured only at the end, in a slow phase, would flatter the service."""
+
+    def __init__(self, graph: Path, x: np.ndarray, settings: Settings) -> None:
+        defaults = ort.InferenceSession(str(graph), providers=_cuda_first())
+        service = create_session(graph, settings).session
+        self.candidates = [(defaults, 16), (defaults, 32), (service, 8)]
+        self.inp, self.logits = defaults.get_inputs()[0].name, defaults.get_outputs()[0].name
+        self.x = x
+        self.per_round: list[float] = []
+
+    def measure(self, seconds: float) -> float:
+        best = 0.0
+        for session, b in self.candidates:
+            xb = np.ascontiguousarray(np.resize(self.x, (b, *self.x.shape[1:])))
+            for _ in range(3):
+                session.run([self.logits], {self.inp: xb})
+            n, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                session.run([self.logits], {self.inp: xb})
+                n += 1
+            best = max(best, b * n / (time.perf_counter() - start))
+        self.per_round.append(best)
+        return best
+
+
 def _cuda_first() -> list[str]:
     available = ort.get_available_providers()
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
@@ -370,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         check_answers(services["batched"], graph, pngs, x, args.encoding)
         for s in services.values():  # first-connection and allocator warm-up, not measured
             run_wrk(s, single, 8, 1, args.wrk_threads)
+        service_settings = Settings(**{k: v for k, v in common.items() if k != "log_format"})
+        round_best = BareBest(graph, x, service_settings)
         for r in range(args.rounds):
             for run in runs:
                 script = single if run.images_per_request == 1 else multi
@@ -377,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  round {r + 1}/{args.rounds}: {run.service:9s} {run.clients:3d} clients x "
                       f"{run.images_per_request:2d} img: {run.rounds[-1]['requests'] / run.rounds[-1]['seconds']:8.1f} req/s",
                       flush=True)  # fmt: skip
+            print(f"  round {r + 1}/{args.rounds}: bare onnxruntime best {round_best.measure(args.bare_seconds):.0f} img/s",
+                  flush=True)  # fmt: skip
     finally:
         for s in services.values():
             s.stop()
@@ -386,8 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     formed = {max(1, round(r.mean_batch)) for r in runs if r.mean_batch}
     sizes = sorted({1, 2, 4, 8, 16, 32} | formed)
     print(f"bare onnxruntime at batch sizes {sizes} ...", flush=True)
-    service_settings = Settings(**{k: v for k, v in common.items() if k != "log_format"})
     bare = bare_onnxruntime(graph, x, sizes, args.bare_seconds, service_settings)
+    bare["best_per_round"] = round_best.per_round
     report(args, name, manifest, runs, bare)
     if args.json_out:
         args.json_out.write_text(json.dumps({"runs": [asdict(r) for r in runs], "bare": bare}, indent=2, default=str))
@@ -397,9 +429,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args: argparse.Namespace, name: str, manifest: dict, runs: list[Run], bare: dict) -> None:
     svc_opts = bare["img_per_s"]["service options"]
-    best_name, best_batch, best = max(
+    best_name, best_batch, final_best = max(
         ((opt, b, v) for opt, per_batch in bare["img_per_s"].items() for b, v in per_batch.items()), key=lambda t: t[2]
     )
+    rounds_best = statistics.median(bare["best_per_round"]) if bare["best_per_round"] else 0.0
+    best = max(final_best, rounds_best)  # targets (1) and (2) are judged against the higher of the two
 
     def bare_at(batch: float) -> float:
         return svc_opts[max(1, round(batch))] if batch else svc_opts[1]
@@ -424,7 +458,10 @@ def report(args: argparse.Namespace, name: str, manifest: dict, runs: list[Run],
         print(f"  {opt:22s} " + "  ".join(f"b{b}={v:.0f}" for b, v in per_batch.items()))
     for opt, lat in bare["latency_b1"].items():
         print(f"  {opt:22s} batch-1 latency p50 {lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms")
-    print(f"  best: {best:.0f} img/s ({best_name}, batch {best_batch}); medians of 3 interleaved measurements")
+    print(f"  best: {final_best:.0f} img/s ({best_name}, batch {best_batch}); medians of 3 interleaved measurements")
+    print(f"  best measured after each round: {', '.join(f'{v:.0f}' for v in bare['best_per_round'])} img/s "
+          f"(median {rounds_best:.0f})")
+    print(f"  targets (1) and (2) are judged against the higher: {best:.0f} img/s")
     print()
 
     by = {(r.service, r.clients, r.images_per_request): r for r in runs}

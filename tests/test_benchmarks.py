@@ -1,4 +1,4 @@
-"""The translation benchmark runs end to end on the tiny translator (a smoke test: no figure is asserted)."""
+"""The benchmarks run end to end on the tiny models (smoke tests: no figure is asserted)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,14 @@ def test_bench_attention_runs_and_prints_its_table(tiny_vit_repository, tiny_tra
     for row in ("classify no-attention", "classify shipped, return_attention", "translate shipped",
                 "target: classify without attention >= 0.97", "target: translate without attention >= 0.97"):
         assert row in proc.stdout
+
+
+def test_bench_classify_runs_and_judges_every_target(tiny_vit_repository):
+    proc = run_module("benchmarks.bench_classify", "--repository", str(tiny_vit_repository), "--rounds", "1",
+                      "--duration", "1", "--clients", "1", "4", "--multi-images", "4", "--multi-clients", "2",
+                      "--bare-seconds", "0.2", timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"round 1/1: bare onnxruntime best \d+ img/s", proc.stdout)
+    for line in ("(1) 4 single-image clients:", "(2) 4 images/request", "(3) batched vs unbatched by clients",
+                 "(4) 1 client p50", "targets (1) and (2) are judged against the higher"):  # fmt: skip
+        assert line in proc.stdout
