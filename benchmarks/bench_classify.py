@@ -10,8 +10,10 @@ What it does, bounded in time (about 3 minutes with the defaults):
    image per request, and the batched one at 1, 8 and 32 clients with 16 images per request,
    interleaving the configurations and repeating each ``--rounds`` times (median kept) so that
    background noise hits them alike; the batch sizes formed are read from ``/metrics``;
-4. stops both, then measures bare onnxruntime on the same graph at the batch sizes formed (and the
-   powers of two up to 32), with the service's session options and with onnxruntime's defaults;
+4. measures bare onnxruntime's best candidates after every round, and at the end, with both
+   services stopped, bare onnxruntime on the same graph at the batch sizes formed (and the powers
+   of two up to 32): with the service's session options, one run at a time and as many at once as
+   the service has model instances (the ``bare@batch`` column), and with onnxruntime's defaults;
 5. prints one table with the ratios and whether each target of issue 3 is met.
 
 The load generator must not be the bottleneck: wrk's own CPU per request is measured and printed
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -240,33 +243,56 @@ def summarise(run: Run) -> None:
     run.client_cpu_us_per_request, run.server_cpu_us_per_request = med("client_cpu_us"), med("server_cpu_us")
 
 
+def _run_for(session: ort.InferenceSession, feeds: dict, output: str, seconds: float, concurrent: int = 1
+             ) -> tuple[float, list[float]]:  # fmt: skip
+    """(runs per second, each run's seconds) of ``concurrent`` threads running ``session`` back to back
+    (onnxruntime releases the GIL: the runs are truly concurrent, like the service's instances)."""
+    for _ in range(3):
+        session.run([output], feeds)
+    times: list[list[float]] = [[] for _ in range(concurrent)]
+    start = time.perf_counter()
+
+    def loop(mine: list[float]) -> None:
+        while time.perf_counter() - start < seconds:
+            t = time.perf_counter()
+            session.run([output], feeds)
+            mine.append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=loop, args=(mine,)) for mine in times[1:]]
+    for t in threads:
+        t.start()
+    loop(times[0])
+    for t in threads:
+        t.join()
+    flat = [t for mine in times for t in mine]
+    return len(flat) / (time.perf_counter() - start), flat
+
+
 def bare_onnxruntime(graph: Path, x: np.ndarray, batch_sizes: list[int], seconds: float, settings: Settings,
                      repeats: int = 3) -> dict:
-    """img/s per batch size with the service's session options and with onnxruntime's defaults
-    (median of ``repeats`` interleaved measurements: multi-threaded runs on a small VM are noisy),
-    plus batch-1 latency percentiles."""
+    """img/s per batch size with the service's session options, with as many of those runs at once
+    as the service has model instances, and with onnxruntime's defaults (median of ``repeats``
+    interleaved measurements: multi-threaded runs on a small VM are noisy), plus batch-1 latency
+    percentiles of single runs."""
+    service = create_session(graph, settings).session
+    instances = settings.model_instances
     sessions = {
-        "service options": create_session(graph, settings).session,
-        "onnxruntime defaults": ort.InferenceSession(str(graph), providers=_cuda_first()),
+        "service options": (service, 1),
+        f"service options x{instances}": (service, instances),
+        "onnxruntime defaults": (ort.InferenceSession(str(graph), providers=_cuda_first()), 1),
     }
-    inp = sessions["service options"].get_inputs()[0].name
-    logits = sessions["service options"].get_outputs()[0].name
+    if instances == 1:
+        sessions.pop(f"service options x{instances}")
+    inp, logits = service.get_inputs()[0].name, service.get_outputs()[0].name
     samples: dict = {name: {b: [] for b in batch_sizes} for name in sessions}
-    latencies: dict = {name: [] for name in sessions}
+    latencies: dict = {name: [] for name, (_, concurrent) in sessions.items() if concurrent == 1}
     for _ in range(repeats):
-        for name, session in sessions.items():
+        for name, (session, concurrent) in sessions.items():
             for b in batch_sizes:
                 xb = np.ascontiguousarray(np.resize(x, (b, *x.shape[1:])))
-                for _ in range(5):
-                    session.run([logits], {inp: xb})
-                times = []
-                start = time.perf_counter()
-                while time.perf_counter() - start < seconds:
-                    t = time.perf_counter()
-                    session.run([logits], {inp: xb})
-                    times.append(time.perf_counter() - t)
-                samples[name][b].append(b * len(times) / (time.perf_counter() - start))
-                if b == 1:
+                rate, times = _run_for(session, {inp: xb}, logits, seconds, concurrent)
+                samples[name][b].append(b * rate)
+                if b == 1 and name in latencies:
                     latencies[name] += times
     results = {name: {b: statistics.median(v) for b, v in per_b.items()} for name, per_b in samples.items()}
     latency_b1 = {name: {"p50_ms": float(np.percentile(t, 50) * 1e3), "p99_ms": float(np.percentile(t, 99) * 1e3)}
@@ -275,29 +301,25 @@ def bare_onnxruntime(graph: Path, x: np.ndarray, batch_sizes: list[int], seconds
 
 
 class BareBest:
-    """Bare onnxruntime's best candidates (its defaults at batch 16 and 32, the service's options at
-    batch 8), measured again after every round: on a shared VM the machine's speed drifts by 20%
-    within a minute, and a best measured only at the end, in a slow phase, would flatter the service."""
+    """Bare onnxruntime's best candidates (its defaults at batch 16 and 32; the service's options at
+    batch 8, and at batch 16 with one run per model instance at once), measured again after every
+    round: on a shared VM the machine's speed drifts by 20% within a minute, and a best measured
+    only at the end, in a slow phase, would flatter the service."""
 
     def __init__(self, graph: Path, x: np.ndarray, settings: Settings) -> None:
         defaults = ort.InferenceSession(str(graph), providers=_cuda_first())
         service = create_session(graph, settings).session
-        self.candidates = [(defaults, 16), (defaults, 32), (service, 8)]
+        self.candidates = [(defaults, 16, 1), (defaults, 32, 1), (service, 8, 1), (service, 16, settings.model_instances)]
         self.inp, self.logits = defaults.get_inputs()[0].name, defaults.get_outputs()[0].name
         self.x = x
         self.per_round: list[float] = []
 
     def measure(self, seconds: float) -> float:
         best = 0.0
-        for session, b in self.candidates:
+        for session, b, concurrent in self.candidates:
             xb = np.ascontiguousarray(np.resize(self.x, (b, *self.x.shape[1:])))
-            for _ in range(3):
-                session.run([self.logits], {self.inp: xb})
-            n, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                session.run([self.logits], {self.inp: xb})
-                n += 1
-            best = max(best, b * n / (time.perf_counter() - start))
+            rate, _ = _run_for(session, {self.inp: xb}, self.logits, seconds, concurrent)
+            best = max(best, b * rate)
         self.per_round.append(best)
         return best
 
@@ -428,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(args: argparse.Namespace, name: str, manifest: dict, runs: list[Run], bare: dict) -> None:
-    svc_opts = bare["img_per_s"]["service options"]
+    # the service runs its instances' batches at once: compare it with bare runs done the same way
+    concurrent = [name for name in bare["img_per_s"] if name.startswith("service options x")]
+    svc_opts = bare["img_per_s"][concurrent[0] if concurrent else "service options"]
     best_name, best_batch, final_best = max(
         ((opt, b, v) for opt, per_batch in bare["img_per_s"].items() for b, v in per_batch.items()), key=lambda t: t[2]
     )
