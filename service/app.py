@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -38,6 +39,24 @@ log = logging.getLogger("attnserve.app")
 __version__ = "0.1.0"
 
 
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections on the serving path.
+
+    Every request allocates a few dozen containers, so with CPython's default threshold (700) the
+    youngest generation was collected every ~16 requests (0.35 ms each) and the whole heap (80k
+    objects: FastAPI, pydantic, numpy...) every few thousand, a 44 ms pause. Measured under 64
+    clients: ~25 us of collection per request, 6% of the event loop's CPU. The objects that exist
+    at startup live as long as the process: ``gc.freeze`` leaves them out of every collection, and
+    a young generation of 10,000 objects is collected ~25 times less often for ~6x the cost.
+    """
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
@@ -57,6 +76,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     store = create_store(settings, app.state.metrics.for_attention_store())
     app.state.serving = Serving(settings, registry, app.state.decoder, store)
     loading = asyncio.create_task(registry.load(), name="load-models")
+    tune_gc()
     try:
         yield
     finally:
