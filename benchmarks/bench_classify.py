@@ -407,11 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         "unbatched": Service("unbatched", args.repository, name, workdir, max_batch_size=1,
                              max_images_per_request=1, **common),
     }  # fmt: skip
-    runs = [Run("batched", c, 1) for c in args.clients]
     if args.skip_unbatched:
         services.pop("unbatched").stop()
-    else:
-        runs += [Run("unbatched", c, 1) for c in args.clients]
+    # batched and unbatched side by side at each client count: target (3) compares them, and the
+    # VM's speed drifts over minutes
+    runs = [Run(name, c, 1) for c in args.clients for name in services]
     if not args.skip_multi:
         runs += [Run("batched", c, args.multi_images) for c in args.multi_clients]
     try:
@@ -470,7 +470,7 @@ def report(args: argparse.Namespace, name: str, manifest: dict, runs: list[Run],
               f"{'wrk us/req':>10s} {'srv us/req':>10s}")  # fmt: skip
     print(header)
     print("-" * len(header))
-    for r in runs:
+    for r in sorted(runs, key=lambda r: (r.images_per_request, r.service != "batched", r.clients)):
         at = bare_at(r.mean_batch)
         print(f"{r.service:10s} {r.clients:7d} {r.images_per_request:7d} {r.requests_per_s:8.1f} {r.images_per_s:8.1f} "
               f"{r.p50_ms:7.2f} {r.p95_ms:7.2f} {r.p99_ms:7.2f} {r.mean_batch:6.1f} {at:10.1f} "
