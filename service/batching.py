@@ -319,9 +319,7 @@ class Batcher:
     def _wake(self, events: list[threading.Event]) -> None:
         """Wake these waiting threads (with ``_lock`` held); each is off the waiting lists until it waits again."""
         for event in list(events):
-            for waiting in (self._idle, self._gathering):
-                if event in waiting:
-                    waiting.remove(event)
+            self._unlist(event)
             event.set()
 
     # ---- on the instance threads ----------------------------------------------------------------
@@ -332,7 +330,7 @@ class Batcher:
             if batch is None:
                 return
             if batch:
-                self._compute(batch, abandoned)
+                self._compute(batch, abandoned, wakeup)
             elif abandoned:
                 self._post(self._observer.dropped, len(abandoned))
 
@@ -352,13 +350,20 @@ class Batcher:
                         gathering_since = now - waited
                         timeout = self._max_delay - waited
                     else:
+                        self._unlist(wakeup)
                         return self._take()
+                self._unlist(wakeup)
                 wakeup.clear()
                 (self._idle if timeout is None else self._gathering).append(wakeup)
             if not wakeup.wait(timeout) and timeout is not None:
                 with self._lock:  # timed out: nobody took it off the list
                     if wakeup in self._gathering:
                         self._gathering.remove(wakeup)
+
+    def _unlist(self, wakeup: threading.Event) -> None:
+        for waiting in (self._idle, self._gathering):
+            if wakeup in waiting:
+                waiting.remove(wakeup)
 
     def _take(self) -> tuple[list[Pending], list[Pending]]:
         """The next batch (with ``_lock`` held): at most ceil(queued / instances) images of the queue
@@ -382,7 +387,7 @@ class Batcher:
             self._wake(self._idle[-1:])
         return batch, abandoned
 
-    def _compute(self, batch: list[Pending], abandoned: list[Pending]) -> None:
+    def _compute(self, batch: list[Pending], abandoned: list[Pending], wakeup: threading.Event) -> None:
         started = time.perf_counter()
         try:
             x = batch[0].rows if len(batch) == 1 else np.concatenate([p.rows for p in batch])
@@ -394,6 +399,10 @@ class Batcher:
                 self._computing -= 1
                 if self._gathering:  # no longer worth holding off for mates, perhaps
                     self._wake(self._gathering)
+                # idle from now on, before the answers go out: the next request, which they may
+                # bring at once, must find this (warm) instance the most recently idle
+                wakeup.clear()
+                self._idle.append(wakeup)
         self._post(self._deliver, batch, abandoned, started, time.perf_counter(), out)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:

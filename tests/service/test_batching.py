@@ -223,6 +223,7 @@ def test_only_batches_holding_an_attention_request_ask_the_model_for_attention()
         batcher.start()
         await batcher.submit(rows(1))
         model.gate.clear()  # hold a batch so that a plain and an attention request queue up together
+        model.entered.clear()
         held = batcher.submit(rows(2))
         await asyncio.to_thread(model.entered.wait, 30)
         mixed = [batcher.submit(rows(3)), batcher.submit(rows(4), attention=True)]
