@@ -23,6 +23,23 @@ def _logger(name: str, stream: io.StringIO, formatter: logging.Formatter) -> log
     return logging.getLogger(f"{name}.access")  # propagates to the parent's handler, as in logging_config
 
 
+def test_a_forked_process_generates_other_ids_than_its_parent():
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next ids and leave at once
+        os.write(write, " ".join(new_request_id() for _ in range(3)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 4096).decode().split()
+    os.close(read)
+    parent = [new_request_id() for _ in range(3)]
+    assert len(child) == 3 and not set(child) & set(parent)
+    assert child[0][:16] != parent[0][:16]  # a new per-process half too
+
+
 def test_generated_request_ids_are_unique_32_hex_digits():
     ids = [new_request_id() for _ in range(10_000)]
     assert len(set(ids)) == len(ids)
