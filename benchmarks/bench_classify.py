@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.bench_classify --repository models``
 
-What it does, bounded in time (about 3 minutes with the defaults):
+What it does, bounded in time (about 4 minutes with the defaults, 7 with ``--rounds 5``):
 1. starts two services with ``python -m service``: batched (``max_batch_size`` 32) and unbatched
    (``max_batch_size`` 1), both idle between runs (onnxruntime threads do not spin);
 2. checks that the batched service answers real Fashion-MNIST test images like offline inference;

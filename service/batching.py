@@ -355,10 +355,7 @@ class Batcher:
                 self._unlist(wakeup)
                 wakeup.clear()
                 (self._idle if timeout is None else self._gathering).append(wakeup)
-            if not wakeup.wait(timeout) and timeout is not None:
-                with self._lock:  # timed out: nobody took it off the list
-                    if wakeup in self._gathering:
-                        self._gathering.remove(wakeup)
+            wakeup.wait(timeout)  # woken (and unlisted) or timed out: the next look unlists it either way
 
     def _unlist(self, wakeup: threading.Event) -> None:
         for waiting in (self._idle, self._gathering):

@@ -170,11 +170,11 @@ class Classifier:
     def forward(self, x: np.ndarray, attention: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Normalised (N, C, H, W) -> logits, plus the attention maps when ``attention`` is true.
 
-        All the batcher runs on its thread: nothing but the onnxruntime call, so that thread takes
-        the GIL only to start and to return. Normalising and ranking (``normalize``, ``rank``) run on
-        the event loop once per batch: on the thread, every numpy call released the GIL and then
-        waited up to the switch interval for the busy event loop to give it back, 4 ms per batch of
-        32 (15% of the thread's time) measured with 64 clients.
+        All the batcher runs on its instance threads: nothing but the onnxruntime call, so a thread
+        takes the GIL only to start and to return. Normalising (``normalize``, per request as it is
+        queued) and ranking (``rank``, once per batch) run on the event loop: on the thread, every
+        numpy call released the GIL and then waited up to the switch interval for the busy event
+        loop to give it back, 4 ms per batch of 32 (15% of the thread's time) with 64 clients.
         """
         return self.run_with_attention(x) if attention else self.run(x)
 

@@ -1,9 +1,9 @@
 """``POST /classify``: images in (JSON base64 or multipart files), top-k labels out.
 
 One handler for both encodings, so both share validation, decoding and batching exactly and can
-never disagree. The handler decodes the images (the only per-image work), then waits on the model's
-batcher, which normalises and ranks whole batches on the event loop and runs onnxruntime on its
-thread; if the client disconnects meanwhile, its request is dropped before compute.
+never disagree. The handler decodes the images, then queues them on the model's batcher, which
+normalises them as they are queued, runs onnxruntime on an instance thread and ranks each batch
+on the event loop; if the client disconnects meanwhile, its request is dropped before compute.
 """
 
 from __future__ import annotations
