@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -33,7 +32,7 @@ from service.errors import (
     UnsupportedMediaType,
 )  # fmt: skip
 from service.images import ImageDecoder
-from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body, validated
+from service.routes.common import JSON_TYPE, ClientClosedRequest, dump_json, parse_json_body, validated
 from service.schemas import ERROR_RESPONSES, ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
 from service.settings import Settings
 
@@ -96,7 +95,7 @@ async def classify(request: Request, serving: Serving) -> Response:
     if options.return_attention:  # out[2]: the attention of this request's images (other requests may have asked for it too)
         await _attach_attention(results, out[2], rows, classifier, options, serving.attention)
     body = {"model": classifier.name, "version": classifier.version, "results": results}
-    return Response(json.dumps(body).encode(), media_type=JSON_TYPE)
+    return Response(dump_json(body), media_type=JSON_TYPE)
 
 
 async def _attach_attention(results: list[dict], maps: np.ndarray, rows: np.ndarray, classifier: Classifier,
