@@ -48,6 +48,6 @@ def test_bench_classify_alternates_which_service_goes_first():
     from benchmarks.bench_classify import Run, in_round_order
 
     runs = [Run(name, c, 1) for c in (1, 8) for name in ("batched", "unbatched")] + [Run("batched", 8, 16)]
-    order = lambda r: [(x.service, x.clients, x.images_per_request) for x in in_round_order(runs, r)]  # noqa: E731
+    order = lambda r: [(x.service, x.clients, x.images_per_request) for x in in_round_order(runs, r)]
     assert order(0) == order(2) == [(r.service, r.clients, r.images_per_request) for r in runs]
     assert order(1) == [("unbatched", 1, 1), ("batched", 1, 1), ("unbatched", 8, 1), ("batched", 8, 1), ("batched", 8, 16)]
