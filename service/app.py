@@ -23,7 +23,7 @@ from service.deps import Serving
 from service.errors import install_error_handlers
 from service.fastlane import App
 from service.images import ImageDecoder, ImageLimits
-from service.logs import configure_logging
+from service.logs import configure_logging, flush_access_logs
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.registry import Registry
@@ -87,6 +87,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await registry.close()
         await store.close()
         app.state.decoder.close()
+        flush_access_logs()
         log.info("stopped")
 
 

@@ -8,6 +8,7 @@ batcher, the decoder) is tagged with it without passing it around. Ids sent by c
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import contextvars
 import datetime as dt
@@ -17,6 +18,7 @@ import os
 import random
 import re
 import time
+import weakref
 from typing import Any
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -42,6 +44,18 @@ def _reseed_ids() -> None:  # a forked worker must not repeat its parent's ids
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reseed_ids)
+
+
+_ACCESS_LOGS: weakref.WeakSet[AccessLog] = weakref.WeakSet()
+
+
+def flush_access_logs() -> None:
+    """Write every access line still waiting (the service is stopping)."""
+    for access_log in list(_ACCESS_LOGS):
+        access_log.flush()
+
+
+atexit.register(flush_access_logs)
 
 
 def new_request_id() -> str:
@@ -96,19 +110,28 @@ class JsonFormatter(logging.Formatter):
 
 
 class AccessLog:
-    """The access log's lines, written straight to the stream of its JSON handler, once per loop iteration.
+    """The access log's lines, written straight to the stream of its JSON handler, in batches.
 
     Through ``logging`` a line cost about 23 us (a record, a filter, a generic formatter walking the
     record's attributes, a write and a flush), an eighth of the event loop's CPU per request under
-    load. Here the line is the dict ``JsonFormatter`` would build (``_line`` and the same fields), dumped directly, and the lines of
-    one loop iteration share one write (under load, one per batch of answers instead of one per
-    request). Any other set-up of the ``attnserve.access`` logger (text format, other handlers,
-    tests capturing records) goes through ``logging`` as before.
+    load. Here a request only notes its fields; the lines (the dict ``JsonFormatter`` would build:
+    ``_line`` and the same fields) are formatted and written together at most ``FLUSH_AFTER_S``
+    later, or once ``FLUSH_LINES`` are waiting, and when the service stops. Formatting one line
+    as a request ends cost the loop about 55 us in the running service, against 6 us in a tight
+    loop: code run between other work is cold on this VM, and a batch is formatted warm. Any other
+    set-up of the ``attnserve.access`` logger (text format, other handlers, tests capturing
+    records) goes through ``logging`` at once, as before.
     """
+
+    FLUSH_AFTER_S = 0.02
+    FLUSH_LINES = 256
 
     def __init__(self, logger: logging.Logger) -> None:
         self.logger = logger
-        self._pending: list[str] = []
+        self._pending: list[tuple] = []
+        self._handler: logging.StreamHandler | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        _ACCESS_LOGS.add(self)
 
     def log(self, level: int, method: str, path: str, status: int, duration_ms: float, client: str | None,
             request_id: str | None) -> None:  # fmt: skip
@@ -120,17 +143,32 @@ class AccessLog:
             logger.log(level, "%s %s %d", method, path, status, extra={
                 "method": method, "path": path, "status": status, "duration_ms": duration_ms, "client": client})  # fmt: skip
             return
-        out = _line(time.time(), logging.getLevelName(level), logger.name, f"{method} {path} {status}", request_id)
-        out.update(method=method, path=path, status=status, duration_ms=duration_ms, client=client)
-        self._pending.append(json.dumps(out) + "\n")
-        if len(self._pending) == 1:
+        if self._pending and handler is not self._handler:
+            self.flush()
+        self._handler = handler
+        self._pending.append((time.time(), level, method, path, status, duration_ms, client, request_id))
+        if len(self._pending) >= self.FLUSH_LINES:
+            self.flush()
+        elif self._timer is None:
             try:
-                asyncio.get_running_loop().call_soon(self.flush, handler)
+                self._timer = asyncio.get_running_loop().call_later(self.FLUSH_AFTER_S, self.flush)
             except RuntimeError:  # no loop running: write now
-                self.flush(handler)
+                self.flush()
 
-    def flush(self, handler: logging.StreamHandler) -> None:
-        lines, self._pending = self._pending, []
+    def flush(self) -> None:
+        """Write the waiting lines now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        entries, self._pending = self._pending, []
+        handler = self._handler
+        if not entries or handler is None:
+            return
+        name, lines = self.logger.name, []
+        for created, level, method, path, status, duration_ms, client, request_id in entries:
+            out = _line(created, logging.getLevelName(level), name, f"{method} {path} {status}", request_id)
+            out.update(method=method, path=path, status=status, duration_ms=duration_ms, client=client)
+            lines.append(json.dumps(out) + "\n")
         with handler.lock or contextlib.nullcontext():
             handler.stream.write("".join(lines))
             handler.flush()

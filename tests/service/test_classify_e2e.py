@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from service.schemas import ClassifyResponse
-from tests.service.service_testing import metric_value, png_bytes
+from tests.service.service_testing import metric_value, png_bytes, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +154,12 @@ def test_request_id_is_accepted_or_generated_and_returned_and_logged(server, fas
     assert given.headers["x-request-id"] == "trace-42.a"
     assert re.fullmatch(r"[0-9a-f]{32}", generated.headers["x-request-id"])
     assert re.fullmatch(r"[0-9a-f]{32}", forged.headers["x-request-id"])  # unsafe ids are replaced
-    lines = [e for e in server.logs() if e.get("request_id") == "trace-42.a"]
-    assert any(e.get("path") == "/classify" and e.get("status") == 200 and "duration_ms" in e for e in lines)
+
+    def access_line():  # access lines are written in batches, within AccessLog.FLUSH_AFTER_S
+        lines = [e for e in server.logs() if e.get("request_id") == "trace-42.a"]
+        return any(e.get("path") == "/classify" and e.get("status") == 200 and "duration_ms" in e for e in lines)
+
+    wait_until(access_line, timeout=10, what="the request's access line")
 
 
 def test_openapi_documents_both_request_encodings(server):

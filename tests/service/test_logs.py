@@ -8,7 +8,15 @@ import json
 import logging
 import re
 
-from service.logs import AccessLog, JsonFormatter, RequestIdFilter, bind_request_id, new_request_id, unbind_request_id
+from service.logs import (
+    AccessLog,
+    JsonFormatter,
+    RequestIdFilter,
+    bind_request_id,
+    flush_access_logs,
+    new_request_id,
+    unbind_request_id,
+)
 
 
 def _logger(name: str, stream: io.StringIO, formatter: logging.Formatter) -> logging.Logger:
@@ -62,11 +70,13 @@ def test_access_lines_written_directly_are_the_lines_logging_writes():
                 "method": "POST", "path": path, "status": status, "duration_ms": 1.234, "client": "127.0.0.1"})  # fmt: skip
             unbind_request_id(token)
         access.log(logging.DEBUG, "GET", "/healthz", 200, 0.1, None, "rid-2")  # below the level: not written
-        written = direct.getvalue()
-        await asyncio.sleep(0)  # the lines of one loop iteration are written together, after it
-        return len(written)
+        written = [direct.getvalue()]
+        await asyncio.sleep(0)
+        written.append(direct.getvalue())  # still waiting: lines are written in batches
+        await asyncio.sleep(AccessLog.FLUSH_AFTER_S + 0.2)
+        return written
 
-    assert asyncio.run(log_both()) == 0
+    assert asyncio.run(log_both()) == ["", ""]
     ours = [json.loads(line) for line in direct.getvalue().splitlines()]
     theirs = [json.loads(line) for line in through_logging.getvalue().splitlines()]
     assert len(ours) == len(theirs) == 2
@@ -87,3 +97,22 @@ def test_access_lines_go_through_logging_when_it_is_set_up_otherwise(caplog):
     assert record.getMessage() == "POST /classify 200"
     assert (record.method, record.path, record.status, record.duration_ms, record.client) == (
         "POST", "/classify", 200, 2.5, "10.0.0.1")  # fmt: skip
+
+
+def test_access_lines_wait_at_most_for_a_full_batch_or_the_service_stopping():
+    stream = io.StringIO()
+    access = AccessLog(_logger("t_batch", stream, JsonFormatter()))
+
+    async def log(n: int) -> int:
+        for i in range(n):
+            access.log(logging.INFO, "POST", "/classify", 200, 1.0, None, f"rid-{i}")
+        return len(stream.getvalue().splitlines())
+
+    assert asyncio.run(log(AccessLog.FLUSH_LINES - 1)) == 0  # the loop stopped before the timer fired
+    flush_access_logs()  # as the service's shutdown does
+    assert len(stream.getvalue().splitlines()) == AccessLog.FLUSH_LINES - 1
+    assert asyncio.run(log(AccessLog.FLUSH_LINES)) == 2 * AccessLog.FLUSH_LINES - 1  # a full batch goes at once
+    ids = [json.loads(line)["request_id"] for line in stream.getvalue().splitlines()]
+    assert ids[: AccessLog.FLUSH_LINES - 1] == [f"rid-{i}" for i in range(AccessLog.FLUSH_LINES - 1)]  # in order
+    access.log(logging.INFO, "GET", "/models", 200, 1.0, None, "no-loop")  # outside any loop: written at once
+    assert json.loads(stream.getvalue().splitlines()[-1])["request_id"] == "no-loop"
