@@ -46,18 +46,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reseed_ids)
 
 
-_ACCESS_LOGS: weakref.WeakSet[AccessLog] = weakref.WeakSet()
-
-
-def flush_access_logs() -> None:
-    """Write every access line still waiting (the service is stopping)."""
-    for access_log in list(_ACCESS_LOGS):
-        access_log.flush()
-
-
-atexit.register(flush_access_logs)
-
-
 def new_request_id() -> str:
     return f"{_ID_PREFIX}{_id_random.getrandbits(64):016x}"
 
@@ -100,7 +88,8 @@ class JsonFormatter(logging.Formatter):
     """``{"ts", "level", "logger", "message", "request_id", ...extra fields, "exc"}`` on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = _line(record.created, record.levelname, record.name, record.getMessage(), getattr(record, "request_id", None))
+        request_id = getattr(record, "request_id", None)
+        out = _line(record.created, record.levelname, record.name, record.getMessage(), request_id)
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
                 out[key] = value
@@ -190,6 +179,18 @@ class AccessLog:
         if handler.level > logging.DEBUG or any(type(f) is not RequestIdFilter for f in handler.filters):
             return None
         return handler
+
+
+_ACCESS_LOGS: weakref.WeakSet[AccessLog] = weakref.WeakSet()
+
+
+def flush_access_logs() -> None:
+    """Write every access line still waiting (the service is stopping)."""
+    for access_log in list(_ACCESS_LOGS):
+        access_log.flush()
+
+
+atexit.register(flush_access_logs)
 
 
 class TextFormatter(logging.Formatter):
