@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float)
     p.add_argument("--norm", choices=["pre", "post"])
     p.add_argument("--bleu-sentences", type=int, default=300, help="validation sentences decoded each epoch")
+    p.add_argument("--keep-epochs", type=int, default=8, help="weights of the last N epochs kept for averaging")
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (smoke tests)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -136,6 +137,13 @@ def build_optimizer(model: Seq2Seq, hp: dict) -> tuple[torch.optim.Optimizer, to
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                             lr=hp["lr"], betas=(0.9, 0.98), eps=1e-9)  # fmt: skip
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt(s, hp["warmup_steps"]))
+
+
+def save_epoch_weights(folder: Path, epoch: int, model: Seq2Seq, keep: int) -> None:
+    """``epoch-NNN.pt`` (weights only) for checkpoint averaging at export; only the last ``keep`` stay."""
+    save_checkpoint(folder / f"epoch-{epoch:03d}.pt", {"state_dict": model.state_dict(), "epoch": epoch})
+    for old in sorted(folder.glob("epoch-*.pt"))[:-keep] if keep > 0 else []:
+        old.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             state["history"].append(record)
             print(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} "
                   f"val greedy BLEU {bleu:.2f} chrF {chrf:.2f} ({record['seconds']:.0f} s)", file=sys.stderr)  # fmt: skip
+            save_epoch_weights(out / "epochs", epoch + 1, model, args.keep_epochs)
             if state["best"] is None or val_loss < state["best"]["val_loss"]:
                 state["best"] = record
                 save_checkpoint(out / "best.pt", {"state_dict": model.state_dict()})

@@ -206,15 +206,3 @@ PAIR_FILTERS: tuple[tuple[str, PairFilter], ...] = (
 def dedupe_key(source: str, target: str) -> tuple[str, str]:
     """Pairs are duplicates when their cleaned sides are equal; the first one read is kept."""
     return source, target
-
-
-_PUNCTUATION = re.compile(r"[^\w\s]+")
-
-
-def split_key(source: str) -> str:
-    """What the train/valid/test split hashes: the cleaned source, case-folded, punctuation removed.
-
-    ``Fill color:``, ``Fill Color`` and ``fill color...`` land in the same split, so no near-duplicate
-    English leaks from training into evaluation (UI labels come in many such variants).
-    """
-    return " ".join(_PUNCTUATION.sub(" ", source.casefold()).split())

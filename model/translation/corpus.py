@@ -9,7 +9,6 @@ The same inputs and options always give byte-identical TSV files.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import shlex
@@ -21,14 +20,14 @@ from pathlib import Path
 
 from model.cli import CliError, run_cli
 from model.translation import debian, sources
-from model.translation.cleaning import PAIR_FILTERS, FilterConfig, clean_text, dedupe_key, split_key
+from model.translation.cleaning import PAIR_FILTERS, FilterConfig, clean_text, dedupe_key
+from model.translation.split import SPLITS, assign_splits
 from model.translation.sentences import align_sentences
 from model.translation.textio import TextFileError, read_aligned, read_tsv, write_tsv
 
 log = logging.getLogger("attnserve.translation.corpus")
 
 Pair = tuple[str, str]
-SPLITS = ("train", "valid", "test")
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,10 @@ class SourceSpec:
     segment: bool = False  # split paragraphs into sentence pairs
 
 
+# The game's shared data (help, units, tutorial) and its sixteen story campaigns, one package each.
+WESNOTH_CAMPAIGNS = ("did", "dm", "dw", "ei", "httt", "l", "low", "nr", "sof", "sota", "sotbe", "thot", "trow", "tsg", "ttb", "utbs")
+WESNOTH_PACKAGES = ("wesnoth-1.16-data", *(f"wesnoth-1.16-{c}" for c in WESNOTH_CAMPAIGNS))
+
 SOURCES: dict[str, SourceSpec] = {
     "ding": SourceSpec(("trans-de-en",), lambda roots, p: sources.read_ding(roots["trans-de-en"], p)),
     "help": SourceSpec(
@@ -51,6 +54,17 @@ SOURCES: dict[str, SourceSpec] = {
     "ui": SourceSpec(
         ("libreoffice-l10n-de",), lambda roots, p: sources.read_ui_catalogs(roots["libreoffice-l10n-de"], p),
         ui_strings=True, segment=True,
+    ),
+    "wesnoth": SourceSpec(
+        WESNOTH_PACKAGES, lambda roots, p: sources.read_game_catalogs(list(roots.values()), sources.WESNOTH_LOCALE_DIR, p),
+        segment=True,
+    ),
+    "freeciv": SourceSpec(
+        ("freeciv-data",), lambda roots, p: sources.read_game_catalogs([roots["freeciv-data"]], sources.FREECIV_LOCALE_DIR, p),
+        ui_strings=True, segment=True,
+    ),
+    "tuxpaint": SourceSpec(
+        ("tuxpaint-stamps-default",), lambda roots, p: sources.read_stamps(roots["tuxpaint-stamps-default"], p),
     ),
 }  # fmt: skip
 
@@ -100,18 +114,17 @@ def clean_pairs(
     return kept, stages
 
 
-def assign_split(source: str, valid_fraction: float, test_fraction: float) -> str:
-    """``train``, ``valid`` or ``test`` from a hash of the split key: stable across runs, machines and orderings."""
-    digest = hashlib.sha256(split_key(source).encode("utf-8")).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
-    return "valid" if u < valid_fraction else "test" if u < valid_fraction + test_fraction else "train"
-
-
 def build(
-    inputs: Mapping[str, SourceInput], config: FilterConfig, valid_fraction: float, test_fraction: float
-) -> dict[str, list[Pair]]:
-    """Clean, dedupe (the first source to bring a pair keeps it) and split; fills each input's report."""
-    splits: dict[str, list[Pair]] = {s: [] for s in SPLITS}
+    inputs: Mapping[str, SourceInput], config: FilterConfig, valid_fraction: float, test_fraction: float,
+    max_group: int = 500,
+) -> tuple[dict[str, list[Pair]], dict[str, list[str]], dict[str, int]]:
+    """Clean, dedupe (the first source to bring a pair keeps it) and split near-duplicate groups whole.
+
+    Returns the pairs of each split, the source name of each of those pairs, and the grouping's
+    counts; fills each input's report.
+    """
+    pairs: list[Pair] = []
+    origin: list[str] = []
     seen: set[tuple[str, str]] = set()
     for name, source in inputs.items():
         report = source.report
@@ -124,12 +137,18 @@ def build(
                 continue
             seen.add(key)
             unique += 1
-            split = assign_split(pair[0], valid_fraction, test_fraction)
-            splits[split].append(pair)
-            report.splits[split] += 1
+            pairs.append(pair)
+            origin.append(name)
         report.stages["unique"] = unique
         log.info("%s: %s", name, ", ".join(f"{k} {v}" for k, v in report.stages.items()))
-    return splits
+    assigned, grouping = assign_splits([s for s, _ in pairs], valid_fraction, test_fraction, max_group)
+    splits: dict[str, list[Pair]] = {s: [] for s in SPLITS}
+    domains: dict[str, list[str]] = {s: [] for s in SPLITS}
+    for pair, name, split in zip(pairs, origin, assigned):
+        splits[split].append(pair)
+        domains[split].append(name)
+        inputs[name].report.splits[split] += 1
+    return splits, domains, grouping
 
 
 def package_inputs(
@@ -160,10 +179,12 @@ def user_inputs(args: argparse.Namespace) -> dict[str, SourceInput]:
     return {"user": SourceInput(pairs, report)}
 
 
-def write_outputs(out: Path, splits: dict[str, list[Pair]], stats: dict) -> None:
+def write_outputs(out: Path, splits: dict[str, list[Pair]], domains: dict[str, list[str]], stats: dict) -> None:
+    """``{split}.tsv`` and, aligned line by line with it, ``{split}.domains`` (the source of each pair)."""
     out.mkdir(parents=True, exist_ok=True)
     for split, pairs in splits.items():
         write_tsv(out / f"{split}.tsv", pairs)
+        (out / f"{split}.domains").write_text("".join(f"{d}\n" for d in domains[split]), encoding="utf-8")
     (out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -182,6 +203,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     own.add_argument("--target", type=Path, help="target sentences, aligned with --source line by line")
     p.add_argument("--valid-fraction", type=float, default=0.02)
     p.add_argument("--test-fraction", type=float, default=0.02)
+    p.add_argument("--max-group", type=int, default=500, help="larger near-duplicate groups go to train (default: %(default)s)")
     defaults = FilterConfig()
     for name, value in defaults.as_dict().items():
         p.add_argument(
@@ -223,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             inputs = package_inputs(
                 names, args.cache, offline=args.offline, refresh=args.refresh, progress=not args.no_progress
             )
-        splits = build(inputs, config, args.valid_fraction, args.test_fraction)
+        splits, domains, grouping = build(inputs, config, args.valid_fraction, args.test_fraction, args.max_group)
     except (debian.PackageError, TextFileError) as e:
         raise CliError(str(e)) from e
     except OSError as e:  # an unreadable file inside an unpacked package
@@ -244,11 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         "filters": config.as_dict(),
         "split": {
             "valid_fraction": args.valid_fraction, "test_fraction": args.test_fraction,
-            "rule": "sha256 of the cleaned source side, case-folded, punctuation removed; first 8 bytes / 2**64",
+            "max_group": args.max_group, **grouping,
+            "rule": "near-duplicate groups (model/translation/split.py) go to one split whole: sha256 of the "
+                    "group's smallest mask, first 8 bytes / 2**64; groups over max_group go to train",
         },
         "command": "python -m model.translation.corpus " + shlex.join(argv if argv is not None else sys.argv[1:]),
     }  # fmt: skip
-    write_outputs(args.out, splits, stats)
+    write_outputs(args.out, splits, domains, stats)
     log.info("wrote %s: %s", args.out, ", ".join(f"{s} {len(splits[s])}" for s in SPLITS))
     return 0
 

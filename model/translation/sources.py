@@ -1,10 +1,14 @@
-"""Readers for the three Debian sources of English-German text, each yielding raw ``(english, german)`` pairs.
+"""Readers for the Debian sources of English-German text, each yielding raw ``(english, german)`` pairs.
 
 - ``trans-de-en``: the Ding dictionary, one entry a line, ``german :: english``; each side is a
   ``|``-separated list of aligned sub-entries, and some sub-entries are example sentences.
 - ``libreoffice-help-en-us`` + ``libreoffice-help-de``: the same HTML help pages in both languages,
   whose paragraphs and headings carry the same ``id`` (``par_id3145669``, ``hd_id3154788``).
 - ``libreoffice-l10n-de``: gettext ``.mo`` catalogs of the UI, English msgid -> German msgstr.
+- ``wesnoth-1.16-*`` and ``freeciv-data``: the German ``.mo`` catalogs of two games, whose story
+  dialogue, unit descriptions and nation histories are the most general prose in the archive.
+- ``tuxpaint-stamps-default``: one short description of each picture stamp ("A red kangaroo."),
+  with its translations as ``de.utf8=...`` lines below it.
 
 Readers only extract; the generic cleaning rules (model/translation/cleaning.py) run afterwards.
 """
@@ -190,3 +194,68 @@ def read_ui_catalogs(root: Path, progress: bool = True) -> Iterator[Pair]:
             yield from ui_message_pairs(parse_mo(path.read_bytes()))
         except (ValueError, struct.error) as e:
             raise ValueError(f"{path}: {e}") from e
+
+
+# ---- game catalogs (Wesnoth, Freeciv) ------------------------------------------------------------
+
+WESNOTH_LOCALE_DIR = "usr/share/games/wesnoth/1.16/locale/de/LC_MESSAGES"
+FREECIV_LOCALE_DIR = "usr/share/locale/de/LC_MESSAGES"
+
+_WESNOTH_CONTEXT = re.compile(r"^[\w ]+\^(?=\S)")  # "teamname^Southeast": the part before ^ is a hint
+_FREECIV_CONTEXT = re.compile(r"^\?[\w ]+:(?=\S)")  # "?plural:Frisians", "?improvement:You bought"
+_MARKUP_ATTRIBUTE = re.compile(r"\b(?:dst|src|align|float|font_size|color)='[^']*'|\btext='([^']*)'")
+# Text filled in at run time: Wesnoth's $variable and $variable|, Freeciv's printf and %[...] tags.
+_RUNTIME_TEXT = re.compile(r"\$[A-Za-z_{]|%[-+ 0#]*\d*(?:\.\d+)?[a-zA-Z]|%\[|\{[A-Z_]+\}")
+
+
+def game_message_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
+    """Game catalog strings as plain text pairs.
+
+    Context hints go (``teamname^``, ``?plural:``); help markup keeps only its visible text
+    (``<header>text='Units'</header>`` -> ``Units``); strings with text filled in at run time
+    (``$unit.name``, ``%s``) are left out whole, because a sentence with a hole in it is no
+    translation example.
+    """
+    pairs = []
+    for en, de in ui_message_pairs(entries):
+        en, de = (_FREECIV_CONTEXT.sub("", _WESNOTH_CONTEXT.sub("", side)) for side in (en, de))
+        if _RUNTIME_TEXT.search(en) or _RUNTIME_TEXT.search(de):
+            continue
+        en, de = (_MARKUP_ATTRIBUTE.sub(lambda m: m.group(1) or "", side) for side in (en, de))
+        pairs.append((en, de))
+    return pairs
+
+
+def read_game_catalogs(roots: list[Path], subdir: str, progress: bool = True) -> Iterator[Pair]:
+    """Every German ``.mo`` catalog under ``root/subdir`` of each unpacked package, in name order."""
+    catalogs = sorted(path for root in roots for path in (root / subdir).glob("*.mo"))
+    if not catalogs:
+        raise ValueError(f"no .mo catalogs under {subdir} of {', '.join(map(str, roots))}: unpack again (--refresh)")
+    for path in tqdm(catalogs, desc="game catalogs", unit=" files", disable=not progress, leave=False):
+        try:
+            yield from game_message_pairs(parse_mo(path.read_bytes()))
+        except (ValueError, struct.error) as e:
+            raise ValueError(f"{path}: {e}") from e
+
+
+# ---- Tux Paint stamp descriptions ----------------------------------------------------------------
+
+TUXPAINT_STAMPS_DIR = "usr/share/tuxpaint/stamps"
+
+
+def stamp_description_pair(text: str) -> Pair | None:
+    """``(english, german)`` of one stamp's ``.txt``: the English first line, the ``de.utf8=`` line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or "=" in lines[0].split(" ", 1)[0]:
+        return None
+    german = next((line.split("=", 1)[1] for line in lines[1:] if line.startswith("de.utf8=")), "")
+    return (lines[0], german.strip()) if german.strip() else None
+
+
+def read_stamps(root: Path, progress: bool = True) -> Iterator[Pair]:
+    files = sorted((root / TUXPAINT_STAMPS_DIR).rglob("*.txt"))
+    if not files:
+        raise ValueError(f"no stamp descriptions under {root / TUXPAINT_STAMPS_DIR}: unpack again (--refresh)")
+    for path in tqdm(files, desc="stamp descriptions", unit=" files", disable=not progress, leave=False):
+        if pair := stamp_description_pair(path.read_text(encoding="utf-8", errors="replace")):
+            yield pair

@@ -7,16 +7,26 @@ from pathlib import Path
 import pytest
 
 from model.translation import sources
-from tests.model.translation.excerpts import DING_LINES, HELP_DE, HELP_EN, UI_ENTRIES, build_mo, make_package
+from model.translation.corpus import WESNOTH_PACKAGES
+from tests.model.translation.excerpts import (
+    DING_LINES, FREECIV_ENTRIES, HELP_DE, HELP_EN, STAMP_KANGAROO, UI_ENTRIES, WESNOTH_ENTRIES, build_mo, make_package,
+)
 
 
 @pytest.fixture
 def excerpt_cache(tmp_path) -> Path:
-    """The three sources as `debian.fetch` leaves them in a cache, holding only the excerpts."""
+    """Every source as `debian.fetch` leaves it in a cache, holding only the excerpts."""
     cache = tmp_path / "cache"
     make_package(cache, "trans-de-en", {sources.DING_FILE: "\n".join(DING_LINES) + "\n"}, "1.9-6")
     page = "text/shared/01/01010000.html"
     make_package(cache, "libreoffice-help-en-us", {f"{sources.HELP_DIR}/en-US/{page}": HELP_EN})
     make_package(cache, "libreoffice-help-de", {f"{sources.HELP_DIR}/de/{page}": HELP_DE})
     make_package(cache, "libreoffice-l10n-de", {f"{sources.UI_CATALOG_DIR}/sc.mo": build_mo(UI_ENTRIES)})
+    for name in WESNOTH_PACKAGES:  # the excerpt in the data package, empty campaign catalogs beside it
+        entries = WESNOTH_ENTRIES if name == "wesnoth-1.16-data" else []
+        make_package(cache, name, {f"{sources.WESNOTH_LOCALE_DIR}/{name}.mo": build_mo(entries)}, "1:1.16.9-1")
+    catalog = {f"{sources.FREECIV_LOCALE_DIR}/freeciv-core.mo": build_mo(FREECIV_ENTRIES)}
+    make_package(cache, "freeciv-data", catalog, "3.0.6-1+deb12u1")
+    stamp = {f"{sources.TUXPAINT_STAMPS_DIR}/animals/marsupials/kangaroo.txt": STAMP_KANGAROO}
+    make_package(cache, "tuxpaint-stamps-default", stamp, "2022.06.04-1")
     return cache

@@ -1,4 +1,4 @@
-"""Real excerpts of the three Debian sources, and helpers to lay them out as an unpacked package cache.
+"""Real excerpts of the Debian sources, and helpers to lay them out as an unpacked package cache.
 
 The lines below are copied verbatim from trans-de-en 1.9-6 and LibreOffice 7.4.7 (Debian bookworm),
 so the readers are tested against the formats as they really are.
@@ -113,6 +113,47 @@ UI_PAIRS = [  # ui_message_pairs(UI_ENTRIES): context dropped, both plural forms
     ("LN", "LN"),
     ("You will have to restart the program after this edit.\nContinue?", "Sie müssen nach dieser Änderung das Programm neu starten.\nFortfahren?"),
 ]  # fmt: skip
+
+# wesnoth-1.16-data (wesnoth-help.mo, wesnoth-editor.mo) and wesnoth-1.16-httt 1:1.16.9-1, verbatim
+WESNOTH_ENTRIES = [
+    ("<header>text='Multiplayer and undo'</header>", "<header>text='Mehrspieler und die Rückgängig-Funktion'</header>"),
+    ("theme^Editor", "Editor"),
+    ("Could not save the map: $msg", "Die Karte konnte nicht gespeichert werden: $msg"),
+    ("Should $unit.name| attempt to pick up the armor?", "Soll $unit.name| versuchen, die Rüstung aufzuheben?"),
+    ("Delfador! My old tormentor! Treason! Men! Seize them! Kill them! Kill them all!",
+     "Delfador! Mein alter Erzfeind! Verrat! Männer, ergreift sie. Tötet sie. Tötet sie alle!"),
+    ("Defeat all enemy leaders", "Besiegt alle gegnerischen Anführer"),
+]  # fmt: skip
+WESNOTH_PAIRS = [  # game_message_pairs(WESNOTH_ENTRIES), in catalog order; tags go later, in cleaning
+    ("<header>Multiplayer and undo</header>", "<header>Mehrspieler und die Rückgängig-Funktion</header>"),
+    ("Defeat all enemy leaders", "Besiegt alle gegnerischen Anführer"),
+    ("Delfador! My old tormentor! Treason! Men! Seize them! Kill them! Kill them all!",
+     "Delfador! Mein alter Erzfeind! Verrat! Männer, ergreift sie. Tötet sie. Tötet sie alle!"),
+    ("Editor", "Editor"),
+]  # fmt: skip
+
+# freeciv-data 3.0.6-1+deb12u1 (freeciv-core.mo, freeciv-nations.mo), verbatim
+FREECIV_ENTRIES = [
+    ("?improvement:You bought %s in %s.", "Sie haben %s in %s gekauft."),
+    ("Your leader name", "Name Ihres Staatsoberhaupts"),
+    ("_Keep current soundset", "_Derzeitiges Sound-Set beibehalten"),
+    ("?plural:Frisians", "Friesen"),
+]
+FREECIV_PAIRS = [  # game_message_pairs(FREECIV_ENTRIES): context hints dropped, the printf string left out
+    ("Your leader name", "Name Ihres Staatsoberhaupts"),
+    ("_Keep current soundset", "_Derzeitiges Sound-Set beibehalten"),
+    ("Frisians", "Friesen"),
+]
+
+# tuxpaint-stamps-default 2022.06.04-1: stamps/animals/marsupials/kangaroo.txt (its first lines)
+STAMP_KANGAROO = """A red kangaroo.
+ach.utf8=Kangaru ma kwar.
+af.utf8='n Rooi kangeroe
+da.utf8=En rød kænguru.
+de.utf8=Ein rotes Riesenkänguru.
+el.utf8=Κόκκινο καγκουρό.
+en_AU.utf8=A red kangaroo.
+"""
 
 
 def build_mo(entries: list[tuple[str, str]]) -> bytes:

@@ -88,8 +88,3 @@ def test_pair_filter(keep, source, target, expected):
 
 def test_filters_run_in_the_documented_order():
     assert [name for name, _ in c.PAIR_FILTERS] == ["has_letters", "not_copy", "length", "ratio"]
-
-
-def test_split_key_ignores_case_and_punctuation():
-    assert c.split_key("Fill color:") == c.split_key("Fill Color") == c.split_key("fill color...") == "fill color"
-    assert c.split_key("Save") != c.split_key("Saved")

@@ -1,7 +1,8 @@
-"""End to end on the real Debian packages: download (apt-get download, ~12 MB), build, split, tokenize.
+"""End to end on the real Debian packages: download (apt-get download, ~620 MB), build, split, tokenize.
 
-Skipped, with the reason, where the packages cannot be fetched (no apt-get, no registry). About a
-minute on two cores: most of it parsing 2,500 help pages and training the 8k-piece tokenizer.
+Skipped, with the reason, where the packages cannot be fetched (no apt-get, no registry). About two
+minutes on two cores: unpacking the game packages, parsing 2,500 help pages, grouping near-duplicates
+and training the 8k-piece tokenizer.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from model.cli import run_cli
 from model.translation import corpus, debian
 from model.translation import tokenizer as trainer
-from model.translation.cleaning import split_key
+from model.translation.split import group_sentences
 from service.tokenizer import Tokenizer
 
 PACKAGES = [p for spec in corpus.SOURCES.values() for p in spec.packages]
@@ -50,22 +51,31 @@ def real_corpus(real_cache, tmp_path_factory) -> Path:
 def test_real_corpus_counts(real_corpus):
     stats = json.loads((real_corpus / "stats.json").read_text())
     unique = {name: s["stages"]["unique"] for name, s in stats["sources"].items()}
-    # measured with trans-de-en 1.9-6 and LibreOffice 7.4.7 (bookworm): 18,869 / 42,790 / 13,985
+    # measured on bookworm (trans-de-en 1.9-6, LibreOffice 7.4.7, Wesnoth 1.16.9, Freeciv 3.0.6, Tux Paint
+    # stamps 2022.06.04): 18,869 / 42,791 / 13,977 / 22,203 / 6,592 / 797
     assert unique["ding"] > 15_000 and unique["help"] > 35_000 and unique["ui"] > 10_000, unique
-    assert 65_000 < stats["total"] < 95_000
+    assert unique["wesnoth"] > 18_000 and unique["freeciv"] > 5_000 and unique["tuxpaint"] > 600, unique
+    assert 90_000 < stats["total"] < 125_000
     assert 0.015 < stats["splits"]["test"] / stats["total"] < 0.025
     versions = {p: v for s in stats["sources"].values() for p, v in s["packages"].items()}
     assert sorted(versions) == sorted(PACKAGES) and all(versions.values())
 
 
 def test_real_splits_do_not_leak(real_corpus):
-    where = defaultdict(set)
+    sources, splits = [], []
     for split in corpus.SPLITS:
-        for line in (real_corpus / f"{split}.tsv").read_text("utf-8").splitlines():
+        lines = (real_corpus / f"{split}.tsv").read_text("utf-8").splitlines()
+        domains = (real_corpus / f"{split}.domains").read_text("utf-8").splitlines()
+        assert len(domains) == len(lines) and set(domains) <= set(corpus.SOURCES)
+        for line in lines:
             source, target = line.split("\t")
             assert source and target and source != target
-            where[split_key(source)].add(split)
-    assert all(len(splits) == 1 for splits in where.values())
+            sources.append(source)
+            splits.append(split)
+    where = defaultdict(set)
+    for group, split in zip(group_sentences(sources), splits):
+        where[group].add(split)
+    assert all(len(s) == 1 for s in where.values())  # no near-duplicate group in two splits
 
 
 def test_real_tokenizer_round_trips_every_held_out_line(real_corpus, tmp_path):

@@ -12,12 +12,18 @@ from model.translation.sentences import align_sentences, split_sentences
 from tests.model.translation.excerpts import (
     DING_LINES,
     DING_PAIRS,
+    FREECIV_ENTRIES,
+    FREECIV_PAIRS,
     HELP_DE,
     HELP_EN,
     HELP_PAIRS,
+    STAMP_KANGAROO,
     UI_ENTRIES,
     UI_PAIRS,
+    WESNOTH_ENTRIES,
+    WESNOTH_PAIRS,
     build_mo,
+    make_package,
 )
 
 
@@ -95,3 +101,32 @@ def test_align_sentences_splits_only_when_counts_match():
     ]
     merged = "Wählen Sie Einfügen – Pivot-Tabelle…, worauf der Dialog Quelle auswählen geöffnet wird."
     assert align_sentences(en, merged) == [(en, merged)]  # still a translation: kept whole
+
+
+def test_game_messages_drop_hints_and_markup_and_leave_out_runtime_text():
+    assert sources.game_message_pairs(sources.parse_mo(build_mo(WESNOTH_ENTRIES))) == WESNOTH_PAIRS
+    assert sorted(sources.game_message_pairs(sources.parse_mo(build_mo(FREECIV_ENTRIES)))) == sorted(FREECIV_PAIRS)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["He has $gold gold.", "You bought %s.", "Built %d units", "%[tech]Bronze Working", "Wait for {PLAYER}"],
+)
+def test_game_messages_with_runtime_text_are_left_out(text):
+    assert sources.game_message_pairs([(text, text + " (de)")]) == []
+
+
+def test_game_catalogs_are_read_from_every_package_in_name_order(tmp_path):
+    for name, entries in (("b", FREECIV_ENTRIES), ("a", WESNOTH_ENTRIES)):
+        make_package(tmp_path, name, {f"{sources.WESNOTH_LOCALE_DIR}/{name}.mo": build_mo(entries)})
+    pairs = list(sources.read_game_catalogs([tmp_path / "b", tmp_path / "a"], sources.WESNOTH_LOCALE_DIR, False))
+    assert pairs == WESNOTH_PAIRS + sources.game_message_pairs(sources.parse_mo(build_mo(FREECIV_ENTRIES)))
+    with pytest.raises(ValueError, match="no .mo catalogs"):
+        list(sources.read_game_catalogs([tmp_path / "a"], sources.FREECIV_LOCALE_DIR, False))
+
+
+def test_stamp_description_takes_the_english_line_and_the_german_one():
+    assert sources.stamp_description_pair(STAMP_KANGAROO) == ("A red kangaroo.", "Ein rotes Riesenkänguru.")
+    assert sources.stamp_description_pair("A duck.\nfr.utf8=Un canard.\n") is None  # no German
+    assert sources.stamp_description_pair("de.utf8=Eine Ente.\n") is None  # no English line first
+    assert sources.stamp_description_pair("") is None
