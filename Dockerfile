@@ -28,6 +28,7 @@ WORKDIR /src
 COPY pyproject.toml README.md Makefile ./
 COPY model model
 COPY export export
+COPY contract contract
 COPY service service
 COPY client client
 # install-dev: .[cpu,train,test] in .venv and Fashion-MNIST (apt: dataset-fashion-mnist); the corpus
@@ -42,6 +43,7 @@ FROM ${PYTHON_IMAGE} AS build-cpu
 RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contract contract
 COPY service service
 RUN /opt/venv/bin/pip install --no-cache-dir '.[cpu]'
 
@@ -53,6 +55,7 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin attn
 COPY --from=build-cpu /opt/venv /opt/venv
 COPY --from=models /models /models
 WORKDIR /app
+COPY contract contract
 COPY service service
 COPY deploy/__init__.py deploy/gpu_check.py deploy/
 COPY benchmarks/translate_sentences.txt benchmarks/
@@ -68,6 +71,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY contract contract
 COPY service service
 RUN /opt/venv/bin/pip install --no-cache-dir '.[gpu]'
 # onnxruntime-gpu wheels are built for one CUDA major (1.31: CUDA 13, cuDNN 9); on another the CUDA
@@ -85,6 +89,7 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin attn
 COPY --from=build-gpu /opt/venv /opt/venv
 COPY --from=models /models /models
 WORKDIR /app
+COPY contract contract
 COPY service service
 COPY deploy/__init__.py deploy/gpu_check.py deploy/
 COPY benchmarks/translate_sentences.txt benchmarks/

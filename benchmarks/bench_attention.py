@@ -31,8 +31,8 @@ import onnx
 import onnx.utils
 
 from benchmarks.bench_classify import Service, load_test_images, make_bodies, run_wrk, write_script
-from service.decoding import decoding_outputs
-from service.manifest import describe_files, read_manifest, write_manifest
+from contract.decoding import decoding_outputs
+from contract.manifest import describe_files, read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP = ("model", "encoder", "decoder")  # the serving graphs; decoder_prefix runs only for attention

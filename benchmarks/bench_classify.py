@@ -46,7 +46,7 @@ import onnxruntime as ort
 
 from service.classifier import Preprocessing
 from service.images import ImageLimits, decode
-from service.manifest import latest_versions, read_manifest
+from contract.manifest import latest_versions, read_manifest
 from service.runtime import create_session
 from service.settings import DEFAULT_IMAGE_FORMATS, Settings
 

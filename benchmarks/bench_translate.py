@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.bench_translate --repository models``
 
-1. Bare onnxruntime (the service's own decoding loop, ``service/decoding.py``, on the entry's
+1. Bare onnxruntime (the service's own decoding loop, ``contract/decoding.py``, on the entry's
    sessions with the service's session options): tokens/s of KV-cache decoding vs re-running the
    whole prefix each step (``decoder_prefix.onnx``, no cache) at 16, 32 and 64 generated tokens;
    tokens/s at batch 1 and 16, greedy and beam 4, 20 and 64 tokens (fixed lengths: end-of-sentence
@@ -34,11 +34,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from service.decoding import DecoderSpec, Request, pad_sources, run_to_end, session_fn
-from service.manifest import load_entry
+from contract.decoding import DecoderSpec, Request, pad_sources, run_to_end, session_fn
+from contract.manifest import load_entry
 from service.runtime import create_session
 from service.settings import Settings
-from service.tokenizer import Tokenizer
+from contract.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = (Path(__file__).parent / "translate_sentences.txt").read_text().splitlines()

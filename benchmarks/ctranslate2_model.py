@@ -21,7 +21,7 @@ def convert(checkpoint: Path, out_dir: Path) -> Path:
     from ctranslate2.specs import common_spec, transformer_spec
 
     from model.seq2seq import sinusoidal
-    from service.tokenizer import Tokenizer
+    from contract.tokenizer import Tokenizer
 
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
     cfg, sd = ckpt["config"], {k: v.numpy() for k, v in ckpt["state_dict"].items()}

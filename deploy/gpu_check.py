@@ -94,7 +94,7 @@ def compare_outputs(reference: dict[str, np.ndarray], checked: dict[str, np.ndar
 
 
 def compare_classifiers(repository: Path, provider: str, batch_sizes=(1, 16), seed: int = 0) -> list[dict]:
-    from service.manifest import latest_versions, load_entry
+    from contract.manifest import latest_versions, load_entry
     from service.runtime import create_session
     from service.settings import Settings
 
@@ -216,7 +216,7 @@ def png_b64(size: int, channels: int, seed: int) -> str:
 
 def sample_images(repository: Path) -> list[str]:
     """The real test images an image classifier's manifest lists (``samples``), base64-encoded."""
-    from service.manifest import latest_versions, read_manifest
+    from contract.manifest import latest_versions, read_manifest
 
     for entry in latest_versions(repository):
         manifest = read_manifest(entry)

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import torch
 
 from model.cli import CliError
-from service.manifest import SCHEMA_VERSION, describe_files, write_manifest
+from contract.manifest import SCHEMA_VERSION, describe_files, write_manifest
 
 
 class ExportError(CliError):

@@ -14,7 +14,7 @@ import numpy as np
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from export.common import StagedEntry, cpu_session, max_abs_diff, now_iso
-from service.manifest import read_manifest
+from contract.manifest import read_manifest
 
 INPUT, LOGITS = "pixel_values", "logits"
 

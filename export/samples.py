@@ -18,7 +18,7 @@ from PIL import Image
 
 from model.cli import CliError, run_cli
 from model.data import load_image_dataset
-from service.manifest import describe_files, read_manifest, write_manifest
+from contract.manifest import describe_files, read_manifest, write_manifest
 
 DEFAULT_COUNT = 10
 

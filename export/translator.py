@@ -4,7 +4,7 @@
 
 Three graphs and the tokenizer: ``encoder.onnx`` (run once per request: encoder output, every
 decoder layer's cross-attention keys/values, encoder self-attention), ``decoder.onnx`` (one step
-with a key/value cache, log-probs and cache only; names and layouts in ``service/decoding.py``),
+with a key/value cache, log-probs and cache only; names and layouts in ``contract/decoding.py``),
 ``decoder_prefix.onnx`` (a
 whole target prefix without a cache: scores and attention maps of a finished translation in one
 run, and the uncached baseline of the benchmark), plus ``tokenizer.model``.
@@ -36,10 +36,10 @@ from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import load_checkpoint
 from model.translation.textio import TextFileError, read_tsv
-from service.decoding import (
+from contract.decoding import (
     DecoderSpec, Graph, Hypothesis, beam_search, decoder_inputs, decoding_outputs, greedy, pad_sources, per_layer, session_fn,
 )  # fmt: skip
-from service.tokenizer import Tokenizer
+from contract.tokenizer import Tokenizer
 
 ENCODER_INPUTS = ["src_ids", "src_mask"]
 ENCODER_OUTPUTS = ["memory", "cross_keys", "cross_values", "encoder_attentions"]
@@ -62,7 +62,7 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """One decoding step: cache buffers per layer in, the new position's keys/values out (``service.decoding``)."""
+    """One decoding step: cache buffers per layer in, the new position's keys/values out (``contract.decoding``)."""
 
     def __init__(self, model: Seq2Seq) -> None:
         super().__init__()
@@ -271,7 +271,7 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
         "graphs": {"encoder": {"file": "encoder.onnx", **enc}, "decoder": {"file": "decoder.onnx", **dec},
                    "decoder_prefix": {"file": "decoder_prefix.onnx", **prefix}},
         "tokenizer": {"file": "tokenizer.model", "library": "sentencepiece", "special_ids": ckpt["tokenizer"]["special_ids"],
-                      "vocab_size": ckpt["tokenizer"]["vocab_size"], "normalization": "service.tokenizer.normalize_text"},
+                      "vocab_size": ckpt["tokenizer"]["vocab_size"], "normalization": "contract.tokenizer.normalize_text"},
         "decoding": {"cache_layout": ["batch", "head", "position", "head_dim"], "cache_inputs": "past_keys_{layer}",
                      "cache_outputs": "new_keys_{layer}", "cache": "buffer: the caller writes each step's new keys/values",
                      "layers": cfg.decoder_layers,

@@ -25,7 +25,7 @@ from torch import nn
 
 from model.layers import Attention, Mlp
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass(frozen=True)

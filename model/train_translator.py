@@ -30,7 +30,7 @@ from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import inverse_sqrt, load_checkpoint, save_checkpoint, seed_everything
 from model.translation.batching import Example, encode_pairs, make_batches, pad_batch
 from model.translation.textio import TextFileError, read_tsv
-from service.tokenizer import Tokenizer, TokenizerError
+from contract.tokenizer import Tokenizer, TokenizerError
 
 PROFILES = {
     "tiny": dict(

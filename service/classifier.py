@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.manifest import Entry, ManifestError
+from contract.manifest import Entry, ManifestError
 from service.runtime import SessionHandle
 
 TASK = "image-classification"

@@ -20,7 +20,7 @@ from service.batching import Batcher, Intake
 from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.classifier import Classifier
 from service.errors import ModelNotFound, ModelNotReady
-from service.manifest import ManifestError, latest_versions, load_entry, read_manifest
+from contract.manifest import ManifestError, latest_versions, load_entry, read_manifest
 from service.metrics import Metrics
 from service.runtime import RuntimeUnavailable, create_session
 from service.scheduler import Scheduler

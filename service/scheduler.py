@@ -1,6 +1,6 @@
 """Continuous (iteration-level) batching for the translator, after TGI's router.
 
-One asyncio task per model owns the running :class:`~service.decoding.DecodeBatch` and a bounded
+One asyncio task per model owns the running :class:`~contract.decoding.DecodeBatch` and a bounded
 FIFO of waiting requests. Between two decoder steps it admits waiting requests while the running
 batch has rows free (their encodings are computed together and concatenated onto the batch) and
 hands back the requests that finished; so a short sentence never waits for a long one, and a new
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from service.decoding import DecodeBatch, Request, concatenate
+from contract.decoding import DecodeBatch, Request, concatenate
 from service.errors import InferenceFailed, InvalidField, Overloaded, ShuttingDown
 from service.translator import Translator
 

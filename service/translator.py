@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.decoding import (
+from contract.decoding import (
     DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, decoder_inputs, decoding_outputs, pad_sources, session_fn, step,
 )  # fmt: skip
 from service.errors import InvalidField, TextTooLong
-from service.manifest import Entry, ManifestError
+from contract.manifest import Entry, ManifestError
 from service.runtime import SessionHandle
-from service.tokenizer import Tokenizer, TokenizerError, normalize_text
+from contract.tokenizer import Tokenizer, TokenizerError, normalize_text
 
 TASK = "translation"
 

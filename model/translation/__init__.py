@@ -3,5 +3,5 @@
 - ``python -m model.translation.corpus``: writes ``data/translation/{train,valid,test}.tsv`` + ``stats.json``.
 - ``python -m model.translation.tokenizer``: trains the shared SentencePiece model on ``train.tsv``.
 
-The tokenizer class itself is ``service.tokenizer.Tokenizer`` (torch-free, so the service loads it too).
+The tokenizer class itself is ``contract.tokenizer.Tokenizer`` (torch-free, so the service loads it too).
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from service.tokenizer import Tokenizer
+from contract.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

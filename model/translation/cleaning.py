@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from service.tokenizer import normalize_text
+from contract.tokenizer import normalize_text
 
 # ---- text rules ---------------------------------------------------------------------------------
 

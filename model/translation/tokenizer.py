@@ -4,7 +4,7 @@ Reads both sides of ``train.tsv`` only (validation and test text never shapes th
 trains a SentencePiece unigram model with fixed special ids, checks the round trip on every line
 of ``valid.tsv``, and writes ``spm.model`` (what the service loads), ``spm.vocab`` (for reading)
 and ``tokenizer.json`` (settings, special ids and measured figures, for the manifest).
-The wrapper class is ``service.tokenizer.Tokenizer``; see its docstring for the normalisation.
+The wrapper class is ``contract.tokenizer.Tokenizer``; see its docstring for the normalisation.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sentencepiece as spm
 
 from model.cli import CliError, run_cli
 from model.translation.textio import TextFileError, read_tsv
-from service.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, normalize_text
+from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, normalize_text
 
 log = logging.getLogger("attnserve.translation.tokenizer")
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_type": args.model_type,
         "vocab_size": tokenizer.vocab_size,
         "special_ids": tokenizer.special.as_dict(),
-        "normalization": "service.tokenizer.normalize_text (NFC, apostrophes, whitespace), then SentencePiece identity",
+        "normalization": "contract.tokenizer.normalize_text (NFC, apostrophes, whitespace), then SentencePiece identity",
         "trainer_options": {
             "character_coverage": args.character_coverage,
             **{k: v for k, v in TRAINER_OPTIONS.items() if k != "minloglevel"},

@@ -20,7 +20,7 @@ from starlette.types import Receive
 
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
-from service.decoding import Request as DecodeRequest
+from contract.decoding import Request as DecodeRequest
 from service.deps import Serving, ServingDep
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body

@@ -10,9 +10,9 @@ import torch
 from export.common import ExportError
 from export.translator import check_parity, decoder_spec, export_graphs, parity_report
 from model.seq2seq import Seq2Seq, Seq2SeqConfig
-from service.decoding import decoder_inputs, decoding_outputs, session_fn
-from service.manifest import load_entry
-from service.tokenizer import Tokenizer
+from contract.decoding import decoder_inputs, decoding_outputs, session_fn
+from contract.manifest import load_entry
+from contract.tokenizer import Tokenizer
 from tests.conftest import run_module
 
 

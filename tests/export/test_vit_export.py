@@ -11,7 +11,7 @@ import torch
 from export.common import ExportError, cpu_session
 from export.vit import ATTENTION_TOL, LOGITS_TOL, check_parity, parity_report, preprocess
 from model.vit import ViT, ViTConfig
-from service.manifest import ManifestError, load_entry, read_manifest, verify_files, write_manifest
+from contract.manifest import ManifestError, load_entry, read_manifest, verify_files, write_manifest
 from tests.conftest import run_module
 
 

@@ -46,7 +46,7 @@ def torch_vit(tiny_vit_checkpoint):
 def torch_translator(tiny_translator_checkpoint):
     from model.seq2seq import Seq2Seq, Seq2SeqConfig
     from model.training import load_checkpoint
-    from service.tokenizer import Tokenizer
+    from contract.tokenizer import Tokenizer
 
     ckpt = load_checkpoint(tiny_translator_checkpoint)
     model = Seq2Seq(Seq2SeqConfig.from_dict(ckpt["config"])).eval()

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from service.classifier import Classifier, Preprocessing, ranked_softmax
-from service.manifest import ManifestError, load_entry
+from contract.manifest import ManifestError, load_entry
 from service.runtime import create_session
 from service.settings import Settings
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.decoding import (
+from contract.decoding import (
     DecodeBatch, DecoderSpec, Request, beam_search, concatenate, greedy, pad_sources, run_to_end, session_fn, step,
 )
 
@@ -149,7 +149,7 @@ def test_request_options_are_validated():
 
 
 def test_top_candidates_are_each_rows_best_in_order_with_ties_to_the_lower_id():
-    from service.decoding import top_candidates
+    from contract.decoding import top_candidates
 
     rng = np.random.default_rng(3)
     log_probs = np.round(rng.standard_normal((6, 50)), 1).astype(np.float32)  # rounded: plenty of ties

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from tests.service.test_decoding import A, B, EOS, LONG, SPEC, TRAP, bigram_graphs
 
-from service.decoding import DecodeBatch, Request, step
+from contract.decoding import DecodeBatch, Request, step
 from service.errors import InferenceFailed, InvalidField, Overloaded
 from service.scheduler import Scheduler
 

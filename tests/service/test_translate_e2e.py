@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from tests.service.service_testing import BASE_ENV, metric_value, serving, wait_until
 
-from service.decoding import DecoderSpec, greedy, session_fn
-from service.tokenizer import Tokenizer
+from contract.decoding import DecoderSpec, greedy, session_fn
+from contract.tokenizer import Tokenizer
 
 TEXTS = [
     "Open the dialog.",

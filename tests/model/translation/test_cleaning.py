@@ -7,7 +7,7 @@ import unicodedata
 import pytest
 
 from model.translation import cleaning as c
-from service.tokenizer import normalize_text
+from contract.tokenizer import normalize_text
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import sentencepiece as spm
 from model.cli import run_cli
 from model.translation import corpus
 from model.translation import tokenizer as trainer
-from service.tokenizer import Tokenizer, TokenizerError, normalize_text
+from contract.tokenizer import Tokenizer, TokenizerError, normalize_text
 from tests.conftest import ROOT
 from tests.model.translation.excerpts import DING_PAIRS, HELP_PAIRS, UI_PAIRS
 
@@ -115,7 +115,7 @@ def test_training_cli_errors(args, message, tmp_path, capsys):
 
 def test_the_tokenizer_imports_no_torch_model_or_export():
     probe = (
-        "import sys, service.tokenizer\n"
+        "import sys, contract.tokenizer\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'model', 'export'}))"
     )
     proc = subprocess.run(

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 GROW = 16  # cache columns added when a batch's buffers are full
 
@@ -73,9 +75,9 @@ class DecoderSpec:
     layers: int
     heads: int
     head_dim: int
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
     max_positions: int = 512
 
     @classmethod

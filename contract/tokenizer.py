@@ -1,7 +1,7 @@
 """The translator's subword tokenizer: one SentencePiece model shared by training, export and serving.
 
-It lives in ``service/`` and imports only ``sentencepiece`` so that the torch-free service loads the
-very same class the model was trained with. ``model/translation/tokenizer.py`` trains it.
+It lives in the contract package and imports only ``sentencepiece``, so that training, export and
+the torch-free service load the very same class. ``model/translation/tokenizer.py`` trains it.
 
 Round trip: ``decode(encode(text)) == normalize_text(text)`` for every string. Two choices make that
 hold: the model is trained with SentencePiece's ``identity`` normalisation (so SentencePiece changes
