@@ -9,7 +9,7 @@ RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator models serve test test-all bench clean
+.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator models serve lint test test-all bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -68,7 +68,11 @@ models: train export corpus train-translator export-translator  ## rebuild the s
 serve: install  ## serve $(MODELS) on :8000 (CPU; see README for GPU)
 	ATTNSERVE_MODEL_REPOSITORY=$(MODELS) $(BIN)/python -m service
 
-test: install-dev  ## the test suite CI runs (everything but the slow marker)
+lint: install-dev  ## ruff check and ruff format --check (the first step of make test)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install-dev lint  ## lint, then the test suite CI runs (everything but the slow marker)
 	$(BIN)/python -m pytest -m "not slow"
 
 test-all: install-dev  ## every test, including slow real-training runs

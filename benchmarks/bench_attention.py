@@ -60,7 +60,10 @@ def strip_entry(src: Path, dst: Path) -> None:
         if name.endswith((".model", ".png")):
             shutil.copy(src / name, dst / name)
     files = [p.name for p in dst.iterdir()]
-    manifest = {k: v for k, v in manifest.items() if k != "attention"} | {"graphs": graphs, "files": describe_files(dst, files)}
+    manifest = {k: v for k, v in manifest.items() if k != "attention"} | {
+        "graphs": graphs,
+        "files": describe_files(dst, files),
+    }
     write_manifest(dst, manifest)
 
 
@@ -87,7 +90,9 @@ async def translate_all(url: str, texts: list[str], attention: bool) -> float:
     """Generated tokens per second with every text in flight at once."""
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=len(texts))) as c:
         start = time.perf_counter()
-        answers = await asyncio.gather(*(c.post("/translate", json={"text": t, "return_attention": attention}) for t in texts))
+        answers = await asyncio.gather(
+            *(c.post("/translate", json={"text": t, "return_attention": attention}) for t in texts)
+        )
         seconds = time.perf_counter() - start
     if any(a.status_code != 200 for a in answers):
         raise SystemExit(f"translate failed: {next(a.text for a in answers if a.status_code != 200)}")
@@ -100,7 +105,9 @@ async def translate_all(url: str, texts: list[str], attention: bool) -> float:
 def classify_rate(service: Service, script: Path, args: argparse.Namespace) -> float:
     out = run_wrk(service, script, args.clients, args.seconds, threads=2)
     if out["non_2xx"] or out["errors"]:
-        raise SystemExit(f"{service.name}: {out['non_2xx']} non-2xx answers, {out['errors']} errors; see {service.log_path}")
+        raise SystemExit(
+            f"{service.name}: {out['non_2xx']} non-2xx answers, {out['errors']} errors; see {service.log_path}"
+        )
     return out["requests"] / out["seconds"]
 
 
@@ -117,7 +124,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=int, default=5, help="wrk duration of each /classify measurement")
-    p.add_argument("--bursts", type=int, default=4, help="/translate bursts of --clients requests per service and round")
+    p.add_argument(
+        "--bursts", type=int, default=4, help="/translate bursts of --clients requests per service and round"
+    )
     return p.parse_args(argv)
 
 
@@ -134,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         bodies, ctype = make_bodies(pngs, 1, "json")
         attention_bodies = [json.dumps({**json.loads(b), "return_attention": True}).encode() for b in bodies]
         with_attention = write_script(workdir, "attention", attention_bodies, ctype)
-        services = {"shipped": Service("shipped", args.repository, "vit", workdir, access_log="false"),
-                    "no-attention": Service("no-attention", bare, "vit", workdir, access_log="false")}  # fmt: skip
+        services = {
+            "shipped": Service("shipped", args.repository, "vit", workdir, access_log="false"),
+            "no-attention": Service("no-attention", bare, "vit", workdir, access_log="false"),
+        }
         figures: dict[str, list[float]] = {}
         try:
             for s in services.values():
@@ -159,15 +170,23 @@ def main(argv: list[str] | None = None) -> int:
                 s.stop()
     report(args, {k: statistics.median(v) for k, v in figures.items()})
     same = all(shipped_nodes[k] == stripped_nodes[k] for k in stripped_nodes)
-    print("serving graphs, nodes shipped vs attention-free: "
-          + ", ".join(f"{k} {shipped_nodes[k]}/{stripped_nodes[k]}" for k in stripped_nodes)
-          + (" (the same graphs: without attention the shipped service runs exactly the attention-free graphs)" if same else ""))  # fmt: skip
+    print(
+        "serving graphs, nodes shipped vs attention-free: "
+        + ", ".join(f"{k} {shipped_nodes[k]}/{stripped_nodes[k]}" for k in stripped_nodes)
+        + (
+            " (the same graphs: without attention the shipped service runs exactly the attention-free graphs)"
+            if same
+            else ""
+        )
+    )
     return 0
 
 
 def report(args: argparse.Namespace, m: dict[str, float]) -> None:
-    print(f"\nattention costs: medians of {args.rounds} interleaved rounds ({args.bursts} /translate bursts each), "
-          f"{args.clients} clients")
+    print(
+        f"\nattention costs: medians of {args.rounds} interleaved rounds ({args.bursts} /translate bursts each), "
+        f"{args.clients} clients"
+    )
     print(f"{'measurement':48} {'median':>10}  ratio")
     for task, unit in (("classify", "img/s"), ("translate", "tok/s")):
         base = m[f"{task} no-attention"]
@@ -175,8 +194,10 @@ def report(args: argparse.Namespace, m: dict[str, float]) -> None:
             print(f"{row:48} {m[row]:>8.0f} {unit}  {m[row] / base:.3f}")
     for task in ("classify", "translate"):
         ratio = m[f"{task} shipped"] / m[f"{task} no-attention"]
-        print(f"target: {task} without attention >= 0.97 x attention-free build: {ratio:.3f} "
-              f"{'MET' if ratio >= 0.97 else 'MISSED'}")  # fmt: skip
+        print(
+            f"target: {task} without attention >= 0.97 x attention-free build: {ratio:.3f} "
+            f"{'MET' if ratio >= 0.97 else 'MISSED'}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from contract.manifest import latest_versions, read_manifest
 from service.classifier import Preprocessing
 from service.images import ImageLimits, decode
-from contract.manifest import latest_versions, read_manifest
 from service.runtime import create_session
 from service.settings import DEFAULT_IMAGE_FORMATS, Settings
 
@@ -106,9 +106,14 @@ class Service:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTNSERVE_MODEL_REPOSITORY": str(repository),
-               "ATTNSERVE_PORT": str(self.port), "ATTNSERVE_DEFAULT_MODEL": model,
-               **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()}}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+            "ATTNSERVE_PORT": str(self.port),
+            "ATTNSERVE_DEFAULT_MODEL": model,
+            **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()},
+        }
         self.log_path = log_dir / f"service-{name}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log)
@@ -187,7 +192,9 @@ def make_bodies(pngs: list[bytes], per_request: int, encoding: str, count: int =
             boundary = "attnservebenchboundary"
             parts = b"".join(
                 f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{j}.png"\r\n'
-                f"Content-Type: image/png\r\n\r\n".encode() + p + b"\r\n"
+                f"Content-Type: image/png\r\n\r\n".encode()
+                + p
+                + b"\r\n"
                 for j, p in enumerate(chosen)
             )
             bodies.append(parts + f"--{boundary}--\r\n".encode())
@@ -210,9 +217,18 @@ def write_script(workdir: Path, name: str, bodies: list[bytes], content_type: st
 def run_wrk(service: Service, script: Path, clients: int, duration: int, threads: int) -> dict:
     before_batches, before_cpu = service.batch_histogram(), service.cpu_seconds()
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cmd = ["wrk", f"-t{min(threads, clients)}", f"-c{clients}", f"-d{duration}s", "--timeout", "10s",
-           "-s", str(script), service.url + "/classify"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
+    cmd = [
+        "wrk",
+        f"-t{min(threads, clients)}",
+        f"-c{clients}",
+        f"-d{duration}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        service.url + "/classify",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60, check=False)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     after_batches, after_cpu = service.batch_histogram(), service.cpu_seconds()
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
@@ -220,7 +236,9 @@ def run_wrk(service: Service, script: Path, clients: int, duration: int, threads
         raise SystemExit(f"wrk failed ({proc.returncode}): {proc.stdout}\n{proc.stderr}")
     out = json.loads(line.removeprefix("WRKJSON "))
     n = max(out["requests"], 1)
-    client_cpu = (children_after.ru_utime + children_after.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
+    client_cpu = (children_after.ru_utime + children_after.ru_stime) - (
+        children_before.ru_utime + children_before.ru_stime
+    )
     batches = after_batches[1] - before_batches[1]
     out.update(
         seconds=out["duration_us"] / 1e6,
@@ -240,8 +258,12 @@ def in_round_order(runs: list[Run], round_index: int) -> list[Run]:
     """
     ordered: list[Run] = []
     for run in runs:
-        if round_index % 2 and ordered and ordered[-1].clients == run.clients \
-                and ordered[-1].images_per_request == run.images_per_request:  # fmt: skip
+        if (
+            round_index % 2
+            and ordered
+            and ordered[-1].clients == run.clients
+            and ordered[-1].images_per_request == run.images_per_request
+        ):
             ordered.insert(len(ordered) - 1, run)
         else:
             ordered.append(run)
@@ -250,7 +272,7 @@ def in_round_order(runs: list[Run], round_index: int) -> list[Run]:
 
 def summarise(run: Run) -> None:
     """Median over rounds of each figure (rounds are interleaved, so noise hits all configurations alike)."""
-    med = lambda key: statistics.median(r[key] for r in run.rounds)  # noqa: E731
+    med = lambda key: statistics.median(r[key] for r in run.rounds)
     rps = statistics.median(r["requests"] / r["seconds"] for r in run.rounds)
     run.requests_per_s, run.images_per_s = rps, rps * run.images_per_request
     run.p50_ms, run.p95_ms, run.p99_ms = med("p50") / 1e3, med("p95") / 1e3, med("p99") / 1e3
@@ -260,8 +282,9 @@ def summarise(run: Run) -> None:
     run.client_cpu_us_per_request, run.server_cpu_us_per_request = med("client_cpu_us"), med("server_cpu_us")
 
 
-def _run_for(session: ort.InferenceSession, feeds: dict, output: str, seconds: float, concurrent: int = 1
-             ) -> tuple[float, list[float]]:  # fmt: skip
+def _run_for(
+    session: ort.InferenceSession, feeds: dict, output: str, seconds: float, concurrent: int = 1
+) -> tuple[float, list[float]]:
     """(runs per second, each run's seconds) of ``concurrent`` threads running ``session`` back to back
     (onnxruntime releases the GIL: the runs are truly concurrent, like the service's instances)."""
     for _ in range(3):
@@ -285,8 +308,9 @@ def _run_for(session: ort.InferenceSession, feeds: dict, output: str, seconds: f
     return len(flat) / (time.perf_counter() - start), flat
 
 
-def bare_onnxruntime(graph: Path, x: np.ndarray, batch_sizes: list[int], seconds: float, settings: Settings,
-                     repeats: int = 3) -> dict:
+def bare_onnxruntime(
+    graph: Path, x: np.ndarray, batch_sizes: list[int], seconds: float, settings: Settings, repeats: int = 3
+) -> dict:
     """img/s per batch size with the service's session options, with as many of those runs at once
     as the service has model instances, and with onnxruntime's defaults (median of ``repeats``
     interleaved measurements: multi-threaded runs on a small VM are noisy), plus batch-1 latency
@@ -312,8 +336,10 @@ def bare_onnxruntime(graph: Path, x: np.ndarray, batch_sizes: list[int], seconds
                 if b == 1 and name in latencies:
                     latencies[name] += times
     results = {name: {b: statistics.median(v) for b, v in per_b.items()} for name, per_b in samples.items()}
-    latency_b1 = {name: {"p50_ms": float(np.percentile(t, 50) * 1e3), "p99_ms": float(np.percentile(t, 99) * 1e3)}
-                  for name, t in latencies.items()}  # fmt: skip
+    latency_b1 = {
+        name: {"p50_ms": float(np.percentile(t, 50) * 1e3), "p99_ms": float(np.percentile(t, 99) * 1e3)}
+        for name, t in latencies.items()
+    }
     return {"img_per_s": results, "latency_b1": latency_b1, "samples": samples}
 
 
@@ -326,7 +352,12 @@ class BareBest:
     def __init__(self, graph: Path, x: np.ndarray, settings: Settings) -> None:
         defaults = ort.InferenceSession(str(graph), providers=_cuda_first())
         service = create_session(graph, settings).session
-        self.candidates = [(defaults, 16, 1), (defaults, 32, 1), (service, 8, 1), (service, 16, settings.model_instances)]
+        self.candidates = [
+            (defaults, 16, 1),
+            (defaults, 32, 1),
+            (service, 8, 1),
+            (service, 16, settings.model_instances),
+        ]
         self.inp, self.logits = defaults.get_inputs()[0].name, defaults.get_outputs()[0].name
         self.x = x
         self.per_round: list[float] = []
@@ -351,7 +382,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_classify", description=__doc__.splitlines()[0])
     p.add_argument("--repository", type=Path, default=Path("models"), help="model repository (default: models/)")
     p.add_argument("--model", help="model name (default: the first image-classification model)")
-    p.add_argument("--duration", type=int, default=4, help="seconds per wrk run (whole seconds: wrk takes no fractions)")
+    p.add_argument(
+        "--duration", type=int, default=4, help="seconds per wrk run (whole seconds: wrk takes no fractions)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every run (median kept)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--multi-images", type=int, default=16, help="images per request in the multi-image runs")
@@ -360,8 +393,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--encoding", choices=["json", "multipart"], default="json")
     p.add_argument("--wrk-threads", type=int, default=1)
     p.add_argument("--bare-seconds", type=float, default=1.0, help="seconds per bare onnxruntime measurement")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra service setting for both services, e.g. --set intra_op_threads=1")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra service setting for both services, e.g. --set intra_op_threads=1",
+    )
     p.add_argument("--skip-unbatched", action="store_true", help="only the batched service (target 3 not judged)")
     p.add_argument("--skip-multi", action="store_true", help="no multi-image runs (target 2 not judged)")
     p.add_argument("--json-out", type=Path, help="also write every figure here")
@@ -406,8 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     graph = entry / manifest["graphs"]["model"]["file"]
     pngs, x = load_test_images(manifest)
     load1 = os.getloadavg()[0]
-    print(f"model {name}/{manifest['version']} ({manifest['model'].get('parameters', '?')} parameters), "
-          f"onnxruntime {ort.__version__}, {os.cpu_count()} CPUs, load average {load1:.2f}", flush=True)  # fmt: skip
+    print(
+        f"model {name}/{manifest['version']} ({manifest['model'].get('parameters', '?')} parameters), "
+        f"onnxruntime {ort.__version__}, {os.cpu_count()} CPUs, load average {load1:.2f}",
+        flush=True,
+    )
     if load1 > 0.7:
         print("warning: the machine is busy; figures will be noisy", flush=True)
 
@@ -416,14 +457,22 @@ def main(argv: list[str] | None = None) -> int:
     multi_bodies, _ = make_bodies(pngs, args.multi_images, args.encoding)
     single = write_script(workdir, "single", single_bodies, content_type)
     multi = write_script(workdir, "multi", multi_bodies, content_type)
-    common = dict(log_format="json", max_queue_images=max(512, args.multi_images * max(args.multi_clients)))
+    common = {"log_format": "json", "max_queue_images": max(512, args.multi_images * max(args.multi_clients))}
     common.update(kv.split("=", 1) for kv in args.set)
     services = {
-        "batched": Service("batched", args.repository, name, workdir, max_batch_size=args.max_batch_size,
-                           max_images_per_request=min(args.multi_images, args.max_batch_size), **common),
-        "unbatched": Service("unbatched", args.repository, name, workdir, max_batch_size=1,
-                             max_images_per_request=1, **common),
-    }  # fmt: skip
+        "batched": Service(
+            "batched",
+            args.repository,
+            name,
+            workdir,
+            max_batch_size=args.max_batch_size,
+            max_images_per_request=min(args.multi_images, args.max_batch_size),
+            **common,
+        ),
+        "unbatched": Service(
+            "unbatched", args.repository, name, workdir, max_batch_size=1, max_images_per_request=1, **common
+        ),
+    }
     if args.skip_unbatched:
         services.pop("unbatched").stop()
     # batched and unbatched side by side at each client count: target (3) compares them, and the
@@ -443,11 +492,15 @@ def main(argv: list[str] | None = None) -> int:
             for run in in_round_order(runs, r):
                 script = single if run.images_per_request == 1 else multi
                 run.rounds.append(run_wrk(services[run.service], script, run.clients, args.duration, args.wrk_threads))
-                print(f"  round {r + 1}/{args.rounds}: {run.service:9s} {run.clients:3d} clients x "
-                      f"{run.images_per_request:2d} img: {run.rounds[-1]['requests'] / run.rounds[-1]['seconds']:8.1f} req/s",
-                      flush=True)  # fmt: skip
-            print(f"  round {r + 1}/{args.rounds}: bare onnxruntime best {round_best.measure(args.bare_seconds):.0f} img/s",
-                  flush=True)  # fmt: skip
+                print(
+                    f"  round {r + 1}/{args.rounds}: {run.service:9s} {run.clients:3d} clients x "
+                    f"{run.images_per_request:2d} img: {run.rounds[-1]['requests'] / run.rounds[-1]['seconds']:8.1f} req/s",
+                    flush=True,
+                )
+            print(
+                f"  round {r + 1}/{args.rounds}: bare onnxruntime best {round_best.measure(args.bare_seconds):.0f} img/s",
+                flush=True,
+            )
     finally:
         for s in services.values():
             s.stop()
@@ -480,19 +533,25 @@ def report(args: argparse.Namespace, name: str, manifest: dict, runs: list[Run],
         return svc_opts[max(1, round(batch))] if batch else svc_opts[1]
 
     print()
-    print(f"POST /classify, {args.encoding} bodies of real Fashion-MNIST test images (PNG), wrk {args.wrk_threads} "
-          f"thread(s), {args.duration:g} s x {args.rounds} interleaved rounds (median)")  # fmt: skip
-    header = (f"{'service':10s} {'clients':>7s} {'img/req':>7s} {'req/s':>8s} {'img/s':>8s} {'p50 ms':>7s} {'p95 ms':>7s} "
-              f"{'p99 ms':>7s} {'batch':>6s} {'bare@batch':>10s} {'ratio':>6s} {'vs best':>7s} {'non2xx':>6s} "
-              f"{'wrk us/req':>10s} {'srv us/req':>10s}")  # fmt: skip
+    print(
+        f"POST /classify, {args.encoding} bodies of real Fashion-MNIST test images (PNG), wrk {args.wrk_threads} "
+        f"thread(s), {args.duration:g} s x {args.rounds} interleaved rounds (median)"
+    )
+    header = (
+        f"{'service':10s} {'clients':>7s} {'img/req':>7s} {'req/s':>8s} {'img/s':>8s} {'p50 ms':>7s} {'p95 ms':>7s} "
+        f"{'p99 ms':>7s} {'batch':>6s} {'bare@batch':>10s} {'ratio':>6s} {'vs best':>7s} {'non2xx':>6s} "
+        f"{'wrk us/req':>10s} {'srv us/req':>10s}"
+    )
     print(header)
     print("-" * len(header))
     for r in sorted(runs, key=lambda r: (r.images_per_request, r.service != "batched", r.clients)):
         at = bare_at(r.mean_batch)
-        print(f"{r.service:10s} {r.clients:7d} {r.images_per_request:7d} {r.requests_per_s:8.1f} {r.images_per_s:8.1f} "
-              f"{r.p50_ms:7.2f} {r.p95_ms:7.2f} {r.p99_ms:7.2f} {r.mean_batch:6.1f} {at:10.1f} "
-              f"{r.images_per_s / at:6.2f} {r.images_per_s / best:7.2f} {r.non_2xx + r.errors:6d} "
-              f"{r.client_cpu_us_per_request:10.1f} {r.server_cpu_us_per_request:10.1f}")  # fmt: skip
+        print(
+            f"{r.service:10s} {r.clients:7d} {r.images_per_request:7d} {r.requests_per_s:8.1f} {r.images_per_s:8.1f} "
+            f"{r.p50_ms:7.2f} {r.p95_ms:7.2f} {r.p99_ms:7.2f} {r.mean_batch:6.1f} {at:10.1f} "
+            f"{r.images_per_s / at:6.2f} {r.images_per_s / best:7.2f} {r.non_2xx + r.errors:6d} "
+            f"{r.client_cpu_us_per_request:10.1f} {r.server_cpu_us_per_request:10.1f}"
+        )
     print()
     print("bare onnxruntime img/s by batch size:")
     for opt, per_batch in bare["img_per_s"].items():
@@ -500,37 +559,52 @@ def report(args: argparse.Namespace, name: str, manifest: dict, runs: list[Run],
     for opt, lat in bare["latency_b1"].items():
         print(f"  {opt:22s} batch-1 latency p50 {lat['p50_ms']:.3f} ms, p99 {lat['p99_ms']:.3f} ms")
     print(f"  best: {final_best:.0f} img/s ({best_name}, batch {best_batch}); medians of 3 interleaved measurements")
-    print(f"  best measured after each round: {', '.join(f'{v:.0f}' for v in bare['best_per_round'])} img/s "
-          f"(median {rounds_best:.0f})")
+    print(
+        f"  best measured after each round: {', '.join(f'{v:.0f}' for v in bare['best_per_round'])} img/s "
+        f"(median {rounds_best:.0f})"
+    )
     print(f"  targets (1) and (2) are judged against the higher: {best:.0f} img/s")
     print()
 
     by = {(r.service, r.clients, r.images_per_request): r for r in runs}
-    verdict = lambda ok: "MET" if ok else "NOT MET"  # noqa: E731
+    verdict = lambda ok: "MET" if ok else "NOT MET"
     top = max(args.clients)
     t1 = by.get(("batched", top, 1))
     if t1:
-        print(f"(1) {top} single-image clients: {t1.images_per_s:.0f} img/s = {t1.images_per_s / best:.2f}x bare best "
-              f"(target >= 0.80): {verdict(t1.images_per_s >= 0.8 * best)}")  # fmt: skip
+        print(
+            f"(1) {top} single-image clients: {t1.images_per_s:.0f} img/s = {t1.images_per_s / best:.2f}x bare best "
+            f"(target >= 0.80): {verdict(t1.images_per_s >= 0.8 * best)}"
+        )
     multi = [r for r in runs if r.images_per_request > 1]
     if multi:
         m = max(multi, key=lambda r: r.images_per_s)
-        print(f"(2) {m.images_per_request} images/request (best at {m.clients} clients): {m.images_per_s:.0f} img/s = "
-              f"{m.images_per_s / best:.2f}x bare best (target >= 0.90): {verdict(m.images_per_s >= 0.9 * best)}")  # fmt: skip
-    pairs = [(by[("batched", c, 1)], by[("unbatched", c, 1)]) for c in args.clients
-             if ("batched", c, 1) in by and ("unbatched", c, 1) in by]  # fmt: skip
+        print(
+            f"(2) {m.images_per_request} images/request (best at {m.clients} clients): {m.images_per_s:.0f} img/s = "
+            f"{m.images_per_s / best:.2f}x bare best (target >= 0.90): {verdict(m.images_per_s >= 0.9 * best)}"
+        )
+    pairs = [
+        (by[("batched", c, 1)], by[("unbatched", c, 1)])
+        for c in args.clients
+        if ("batched", c, 1) in by and ("unbatched", c, 1) in by
+    ]
     if pairs:
         thr = all(b.images_per_s >= u.images_per_s for b, u in pairs)
         p99 = all(b.p99_ms <= u.p99_ms for b, u in pairs if b.clients >= 8)
-        detail = ", ".join(f"{b.clients}: {b.images_per_s / u.images_per_s:.2f}x thr, p99 {b.p99_ms:.2f}/{u.p99_ms:.2f} ms"
-                           for b, u in pairs)  # fmt: skip
-        print(f"(3) batched vs unbatched by clients ({detail}): throughput never lower: {verdict(thr)}; "
-              f"p99 never higher at >= 8 clients: {verdict(p99)}")  # fmt: skip
+        detail = ", ".join(
+            f"{b.clients}: {b.images_per_s / u.images_per_s:.2f}x thr, p99 {b.p99_ms:.2f}/{u.p99_ms:.2f} ms"
+            for b, u in pairs
+        )
+        print(
+            f"(3) batched vs unbatched by clients ({detail}): throughput never lower: {verdict(thr)}; "
+            f"p99 never higher at >= 8 clients: {verdict(p99)}"
+        )
     one = by.get(("batched", 1, 1))
     if one:
         b1 = bare["latency_b1"]["service options"]["p50_ms"]
-        print(f"(4) 1 client p50 {one.p50_ms:.3f} ms vs bare batch-1 p50 {b1:.3f} ms + 1 ms: "
-              f"{verdict(one.p50_ms <= b1 + 1.0)} (overhead {one.p50_ms - b1:.3f} ms)")  # fmt: skip
+        print(
+            f"(4) 1 client p50 {one.p50_ms:.3f} ms vs bare batch-1 p50 {b1:.3f} ms + 1 ms: "
+            f"{verdict(one.p50_ms <= b1 + 1.0)} (overhead {one.p50_ms - b1:.3f} ms)"
+        )
 
 
 if __name__ == "__main__":

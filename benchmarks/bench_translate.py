@@ -36,9 +36,9 @@ import numpy as np
 
 from contract.decoding import DecoderSpec, Request, pad_sources, run_to_end, session_fn
 from contract.manifest import load_entry
+from contract.tokenizer import Tokenizer
 from service.runtime import create_session
 from service.settings import Settings
-from contract.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = (Path(__file__).parent / "translate_sentences.txt").read_text().splitlines()
@@ -74,7 +74,9 @@ class Bare:
         enc = self.encoder({"src_ids": ids, "src_mask": mask})
         tgt = np.full((len(sources), 1), self.spec.bos_id, dtype=np.int64)
         for _ in range(tokens):
-            out = self.prefix({"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": mask})
+            out = self.prefix(
+                {"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": mask}
+            )
             last = out["log_probs"][:, -1]
             last[:, self.spec.eos_id] = -np.inf
             tgt = np.concatenate([tgt, last.argmax(-1)[:, None]], axis=1)
@@ -112,8 +114,14 @@ def start_service(repository: Path, workdir: Path, **settings: str) -> tuple[sub
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "ATTNSERVE_PORT": str(port), "ATTNSERVE_MODEL_REPOSITORY": str(repository),
-           "ATTNSERVE_ACCESS_LOG": "false", **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()}}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+        "ATTNSERVE_ACCESS_LOG": "false",
+        **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()},
+    }
     log = open(workdir / f"service-{port}.log", "w")  # noqa: SIM115 - owned by the process
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
@@ -180,8 +188,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_translate", description=__doc__.splitlines()[0])
     p.add_argument("--repository", type=Path, default=Path("models"))
     p.add_argument("--name", default="translator")
-    p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/translator-default/best.pt"),
-                   help="for the PyTorch eager comparison (skipped when absent)")  # fmt: skip
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=Path("checkpoints/translator-default/best.pt"),
+        help="for the PyTorch eager comparison (skipped when absent)",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip-service", action="store_true")
     return p.parse_args(argv)
@@ -193,35 +205,56 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     bare = Bare(entry_dir, settings)
     rows: list[tuple[str, str]] = []
-    print(f"{args.name}/{entry_dir.name}: {bare.manifest['model']['parameters']:,} parameters; onnxruntime threads as the "
-          f"service ({settings.intra_op_threads or 'cores-1'}); {os.cpu_count()} cores", file=sys.stderr)  # fmt: skip
+    print(
+        f"{args.name}/{entry_dir.name}: {bare.manifest['model']['parameters']:,} parameters; onnxruntime threads as the "
+        f"service ({settings.intra_op_threads or 'cores-1'}); {os.cpu_count()} cores",
+        file=sys.stderr,
+    )
 
     for batch in (1, 16):
         src = bare.sources(batch)
         for n in (16, 32, 64):
-            c = median_of(args.rounds, lambda: bare.cached(src, n))
-            u = median_of(args.rounds, lambda: bare.uncached(src, n))
-            rows.append((f"batch {batch}, {n} tokens: cached vs uncached decoding",
-                         f"{batch * n / c:,.0f} vs {batch * n / u:,.0f} tok/s = {u / c:.2f}x"))  # fmt: skip
+            c = median_of(args.rounds, lambda src=src, n=n: bare.cached(src, n))
+            u = median_of(args.rounds, lambda src=src, n=n: bare.uncached(src, n))
+            rows.append(
+                (
+                    f"batch {batch}, {n} tokens: cached vs uncached decoding",
+                    f"{batch * n / c:,.0f} vs {batch * n / u:,.0f} tok/s = {u / c:.2f}x",
+                )
+            )
     loop: dict[tuple[int, int, int], float] = {}  # (batch, beam, tokens) -> seconds
     for batch in (1, 16):
         src = bare.sources(batch)
         for beam in (1, 4):
             for n in (20, 64):
-                t = loop[batch, beam, n] = median_of(args.rounds, lambda: bare.cached(src, n, beam))
-                rows.append((f"bare loop, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {n} tokens",
-                             f"{batch * n / t:,.0f} tok/s ({t * 1000 / n:.2f} ms/step)"))  # fmt: skip
+                t = loop[batch, beam, n] = median_of(
+                    args.rounds, lambda src=src, n=n, beam=beam: bare.cached(src, n, beam)
+                )
+                rows.append(
+                    (
+                        f"bare loop, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {n} tokens",
+                        f"{batch * n / t:,.0f} tok/s ({t * 1000 / n:.2f} ms/step)",
+                    )
+                )
     rows += ctranslate2_rows(args, bare, loop, settings)
     rows.append(batching_ceiling(args, bare))
     src = bare.sources(16)
     torch_run = torch_greedy(args.checkpoint, src, max(1, (os.cpu_count() or 2) - 1))
     if torch_run is not None:
-        reqs = lambda: [Request(s, bare.spec.max_length(len(s))) for s in src]  # noqa: E731
-        ort_t = median_of(args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec)))
-        ort_tokens = sum(len(r.results()[0].tokens) + 1 for r in run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec))
+        reqs = lambda: [Request(s, bare.spec.max_length(len(s))) for s in src]
+        ort_t = median_of(
+            args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec))
+        )
+        ort_tokens = sum(
+            len(r.results()[0].tokens) + 1 for r in run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec)
+        )
         torch_t, torch_tokens = torch_run
-        rows.append(("batch 16 greedy, natural lengths: onnxruntime loop vs PyTorch eager (cached)",
-                     f"{ort_tokens / ort_t:,.0f} vs {torch_tokens / torch_t:,.0f} tok/s = {(ort_tokens / ort_t) / (torch_tokens / torch_t):.2f}x"))  # fmt: skip
+        rows.append(
+            (
+                "batch 16 greedy, natural lengths: onnxruntime loop vs PyTorch eager (cached)",
+                f"{ort_tokens / ort_t:,.0f} vs {torch_tokens / torch_t:,.0f} tok/s = {(ort_tokens / ort_t) / (torch_tokens / torch_t):.2f}x",
+            )
+        )
 
     if not args.skip_service:
         rows += service_rows(args, bare)
@@ -252,19 +285,27 @@ def ctranslate2_rows(args: argparse.Namespace, bare: Bare, loop: dict, settings:
     rows = [("CTranslate2 4.x fp32 on our weights: greedy translations identical", f"{same}/32 sentences")]
     for (batch, beam, n), t in loop.items():
         pieces = [bare.tok.pieces(s) for s in bare.sources(batch)]
-        c = median_of(args.rounds, lambda: _timed(lambda: decode(ct2, pieces, n, beam)))
-        rows.append((f"bare loop vs CTranslate2, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {n} tokens",
-                     f"{batch * n / t:,.0f} vs {batch * n / c:,.0f} tok/s = {c / t:.2f}x"))  # fmt: skip
+        c = median_of(args.rounds, lambda p=pieces, n=n, beam=beam: _timed(lambda: decode(ct2, p, n, beam)))
+        rows.append(
+            (
+                f"bare loop vs CTranslate2, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {n} tokens",
+                f"{batch * n / t:,.0f} vs {batch * n / c:,.0f} tok/s = {c / t:.2f}x",
+            )
+        )
     return rows
 
 
 def batching_ceiling(args: argparse.Namespace, bare: Bare) -> tuple[str, str]:
     """What batching can give at all on this machine: the bare loop on 32 sentences at once vs one by one."""
     sources = [bare.tok.encode(t, add_eos=True) for t in SENTENCES[:32]]
-    reqs = lambda batch: [Request(s, bare.spec.max_length(len(s))) for s in batch]  # noqa: E731
-    together = median_of(args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(sources), bare.spec)))
-    alone = median_of(args.rounds, lambda: _timed(lambda: [run_to_end(bare.encoder, bare.decoder, reqs([s]), bare.spec)
-                                                            for s in sources]))  # fmt: skip
+    reqs = lambda batch: [Request(s, bare.spec.max_length(len(s))) for s in batch]
+    together = median_of(
+        args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(sources), bare.spec))
+    )
+    alone = median_of(
+        args.rounds,
+        lambda: _timed(lambda: [run_to_end(bare.encoder, bare.decoder, reqs([s]), bare.spec) for s in sources]),
+    )
     return ("bare loop, the 32 service sentences: batch 32 vs one at a time", f"{alone / together:.2f}x")
 
 
@@ -301,21 +342,52 @@ def service_rows(args: argparse.Namespace, bare: Bare) -> list[tuple[str, str]]:
                 proc.terminate()
                 proc.wait(timeout=30)
     sources = [bare.tok.encode(t, add_eos=True) for t in texts]
-    bare_seq = median_of(args.rounds, lambda: _timed(lambda: [run_to_end(
-        bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec) for s in sources]))  # fmt: skip
-    bare_tokens = sum(len(r.results()[0].tokens) + 1 for s in sources
-                      for r in run_to_end(bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec))  # fmt: skip
+    bare_seq = median_of(
+        args.rounds,
+        lambda: _timed(
+            lambda: [
+                run_to_end(bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec)
+                for s in sources
+            ]
+        ),
+    )
+    bare_tokens = sum(
+        len(r.results()[0].tokens) + 1
+        for s in sources
+        for r in run_to_end(bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec)
+    )
     s, c, st = statistics.median(seq), statistics.median(cont), statistics.median(stat)
-    rows.append(("service, 32 sentences: 32 concurrent clients vs one at a time", f"{c:,.0f} vs {s:,.0f} tok/s = {c / s:.2f}x"))
-    rows.append(("service, 32 concurrent clients: continuous vs static batching", f"{c:,.0f} vs {st:,.0f} tok/s = {c / st:.2f}x"))
-    rows.append(("one at a time: service vs bare loop (batch 1)", f"{s:,.0f} vs {bare_tokens / bare_seq:,.0f} tok/s = "
-                 f"{s / (bare_tokens / bare_seq):.2f}x"))  # fmt: skip
-    rows.append(("time to first streamed token (idle service, median of 8)", f"{statistics.median(ttft) * 1000:.1f} ms"))
-    (c_mean, c_p90), (s_mean, s_p90) = ((statistics.median(m for m, _ in stagger[k]), statistics.median(p for _, p in stagger[k]))
-                                        for k in ("continuous", "static"))  # fmt: skip
-    rows.append((f"32 requests arriving {STAGGER_S * 1000:.0f} ms apart: mean / p90 latency, continuous vs static",
-                 f"{c_mean * 1000:.0f} / {c_p90 * 1000:.0f} vs {s_mean * 1000:.0f} / {s_p90 * 1000:.0f} ms = "
-                 f"{s_mean / c_mean:.2f}x / {s_p90 / c_p90:.2f}x lower"))  # fmt: skip
+    rows.append(
+        ("service, 32 sentences: 32 concurrent clients vs one at a time", f"{c:,.0f} vs {s:,.0f} tok/s = {c / s:.2f}x")
+    )
+    rows.append(
+        (
+            "service, 32 concurrent clients: continuous vs static batching",
+            f"{c:,.0f} vs {st:,.0f} tok/s = {c / st:.2f}x",
+        )
+    )
+    rows.append(
+        (
+            "one at a time: service vs bare loop (batch 1)",
+            f"{s:,.0f} vs {bare_tokens / bare_seq:,.0f} tok/s = {s / (bare_tokens / bare_seq):.2f}x",
+        )
+    )
+    rows.append(
+        ("time to first streamed token (idle service, median of 8)", f"{statistics.median(ttft) * 1000:.1f} ms")
+    )
+    (c_mean, c_p90), (s_mean, s_p90) = (
+        (statistics.median(m for m, _ in stagger[k]), statistics.median(p for _, p in stagger[k]))
+        for k in ("continuous", "static")
+    )
+    rows.append(
+        (
+            f"32 requests arriving {STAGGER_S * 1000:.0f} ms apart: mean / p90 latency, continuous vs static",
+            (
+                f"{c_mean * 1000:.0f} / {c_p90 * 1000:.0f} vs {s_mean * 1000:.0f} / {s_p90 * 1000:.0f} ms = "
+                f"{s_mean / c_mean:.2f}x / {s_p90 / c_p90:.2f}x lower"
+            ),
+        )
+    )
     return rows
 
 

@@ -20,17 +20,19 @@ def convert(checkpoint: Path, out_dir: Path) -> Path:
     import torch
     from ctranslate2.specs import common_spec, transformer_spec
 
-    from model.seq2seq import sinusoidal
     from contract.tokenizer import Tokenizer
+    from model.seq2seq import sinusoidal
 
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
     cfg, sd = ckpt["config"], {k: v.numpy() for k, v in ckpt["state_dict"].items()}
     if cfg["norm"] != "pre":
         raise ValueError("only pre-norm translators map onto CTranslate2's TransformerSpec")
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg["encoder_layers"], cfg["decoder_layers"]), cfg["heads"], pre_norm=True,
+        (cfg["encoder_layers"], cfg["decoder_layers"]),
+        cfg["heads"],
+        pre_norm=True,
         activation=common_spec.Activation.GELU,
-    )  # fmt: skip
+    )
     positions = sinusoidal(torch.arange(cfg["max_positions"])[None], cfg["dim"])[0].numpy()
 
     def linear(target, name: str, *parts: str) -> None:
@@ -91,6 +93,10 @@ def translator(model_dir: Path, threads: int):
 
 def decode(ct2, pieces: list[list[str]], tokens: int | None, beam: int = 1, max_length: int = 256) -> list[list[str]]:
     """Translate source pieces (eos included); ``tokens`` fixes the length (end-of-sentence ignored)."""
-    fixed = {"min_decoding_length": tokens, "max_decoding_length": tokens} if tokens else {"max_decoding_length": max_length}
+    fixed = (
+        {"min_decoding_length": tokens, "max_decoding_length": tokens}
+        if tokens
+        else {"max_decoding_length": max_length}
+    )
     out = ct2.translate_batch(pieces, beam_size=beam, length_penalty=1.0, **fixed)
     return [r.hypotheses[0] for r in out]

@@ -49,13 +49,17 @@ def per_layer(name: str, layers: int) -> list[str]:
 
 def decoding_outputs(layers: int) -> dict[str, tuple[str, ...]]:
     """What decoding fetches from each graph; the exported step graph computes nothing else."""
-    return {"encoder": ("cross_keys", "cross_values"),
-            "decoder": ("log_probs", *per_layer("new_keys", layers), *per_layer("new_values", layers))}  # fmt: skip
+    return {
+        "encoder": ("cross_keys", "cross_values"),
+        "decoder": ("log_probs", *per_layer("new_keys", layers), *per_layer("new_values", layers)),
+    }
 
 
 def decoder_inputs(layers: int) -> list[str]:
     names = ["tokens", "positions", "cache_mask", "src_mask"]
-    return names + [n for kind in ("past_keys", "past_values", "cross_keys", "cross_values") for n in per_layer(kind, layers)]
+    return names + [
+        n for kind in ("past_keys", "past_values", "cross_keys", "cross_values") for n in per_layer(kind, layers)
+    ]
 
 
 _ids = itertools.count()
@@ -84,8 +88,15 @@ class DecoderSpec:
     def from_manifest(cls, manifest: dict) -> DecoderSpec:
         """The cache geometry and special ids a translation entry's ``manifest.json`` records."""
         d, special = manifest["decoding"], manifest["tokenizer"]["special_ids"]
-        return cls(int(d["layers"]), int(d["heads"]), int(d["head_dim"]), int(special["pad"]), int(special["bos"]),
-                   int(special["eos"]), int(d["max_positions"]))  # fmt: skip
+        return cls(
+            int(d["layers"]),
+            int(d["heads"]),
+            int(d["head_dim"]),
+            int(special["pad"]),
+            int(special["bos"]),
+            int(special["eos"]),
+            int(d["max_positions"]),
+        )
 
     def max_length(self, source_length: int) -> int:
         """Default generation limit for a source of this many tokens (eos included)."""
@@ -127,7 +138,11 @@ class Request:
 
     def results(self) -> list[Hypothesis]:
         """The n-best list, best first: finished hypotheses, topped up with unfinished ones at the length limit."""
-        pool = self.done if len(self.done) >= self.num_return else self.done + [h for h in self.live if np.isfinite(h.score)]
+        pool = (
+            self.done
+            if len(self.done) >= self.num_return
+            else self.done + [h for h in self.live if np.isfinite(h.score)]
+        )
         return sorted(pool, key=lambda h: -h.ranking(self.length_penalty))[: self.num_return]
 
 
@@ -139,9 +154,18 @@ class DecodeBatch:
     ``cross_keys``/``cross_values``: one (rows, H, S, Dh) array per layer.
     """
 
-    def __init__(self, requests: list[Request], tokens: np.ndarray, past_keys: list[np.ndarray], past_values: list[np.ndarray],
-                 cache_mask: np.ndarray, width: int, cross_keys: list[np.ndarray], cross_values: list[np.ndarray],
-                 src_mask: np.ndarray) -> None:  # fmt: skip
+    def __init__(
+        self,
+        requests: list[Request],
+        tokens: np.ndarray,
+        past_keys: list[np.ndarray],
+        past_values: list[np.ndarray],
+        cache_mask: np.ndarray,
+        width: int,
+        cross_keys: list[np.ndarray],
+        cross_values: list[np.ndarray],
+        src_mask: np.ndarray,
+    ) -> None:
         self.requests = requests
         self.tokens, self.past_keys, self.past_values, self.cache_mask = tokens, past_keys, past_values, cache_mask
         self.width = width
@@ -166,9 +190,17 @@ class DecodeBatch:
         rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
         dtype = enc["cross_keys"].dtype
         empty = [np.zeros((len(rows), spec.heads, GROW, spec.head_dim), dtype=dtype) for _ in range(2 * spec.layers)]
-        return cls(list(requests), np.full(len(rows), spec.bos_id, dtype=np.int64), empty[: spec.layers],
-                   empty[spec.layers :], np.zeros((len(rows), GROW), dtype=bool), 0, [k[rows] for k in enc["cross_keys"]],
-                   [v[rows] for v in enc["cross_values"]], mask[rows])  # fmt: skip
+        return cls(
+            list(requests),
+            np.full(len(rows), spec.bos_id, dtype=np.int64),
+            empty[: spec.layers],
+            empty[spec.layers :],
+            np.zeros((len(rows), GROW), dtype=bool),
+            0,
+            [k[rows] for k in enc["cross_keys"]],
+            [v[rows] for v in enc["cross_values"]],
+            mask[rows],
+        )
 
     def append(self, keys: list[np.ndarray], values: list[np.ndarray]) -> None:
         """Write a step's new keys/values (rows, H, 1, Dh) per layer into the next free column."""
@@ -193,10 +225,17 @@ class DecodeBatch:
         used = cache_mask[:, : self.width].any(0)
         first = int(np.argmax(used)) if used.any() else self.width
         last = int(src_mask.shape[1] - np.argmax(src_mask.any(0)[::-1])) if len(rows) else 0
-        return DecodeBatch(requests, tokens, [k[rows, :, first:] for k in self.past_keys],
-                           [v[rows, :, first:] for v in self.past_values], cache_mask[:, first:], self.width - first,
-                           [k[rows, :, :last] for k in self.cross_keys], [v[rows, :, :last] for v in self.cross_values],
-                           src_mask[:, :last])  # fmt: skip
+        return DecodeBatch(
+            requests,
+            tokens,
+            [k[rows, :, first:] for k in self.past_keys],
+            [v[rows, :, first:] for v in self.past_values],
+            cache_mask[:, first:],
+            self.width - first,
+            [k[rows, :, :last] for k in self.cross_keys],
+            [v[rows, :, :last] for v in self.cross_values],
+            src_mask[:, :last],
+        )
 
 
 def concatenate(a: DecodeBatch, b: DecodeBatch) -> DecodeBatch:
@@ -229,11 +268,16 @@ def concatenate(a: DecodeBatch, b: DecodeBatch) -> DecodeBatch:
         return np.concatenate(parts)
 
     return DecodeBatch(
-        a.requests + b.requests, np.concatenate([a.tokens, b.tokens]),
-        [caches(x, y) for x, y in zip(a.past_keys, b.past_keys)], [caches(x, y) for x, y in zip(a.past_values, b.past_values)],
-        mask, width, [sources(x, y, 2) for x, y in zip(a.cross_keys, b.cross_keys)],
-        [sources(x, y, 2) for x, y in zip(a.cross_values, b.cross_values)], sources(a.src_mask, b.src_mask, 1),
-    )  # fmt: skip
+        a.requests + b.requests,
+        np.concatenate([a.tokens, b.tokens]),
+        [caches(x, y) for x, y in zip(a.past_keys, b.past_keys)],
+        [caches(x, y) for x, y in zip(a.past_values, b.past_values)],
+        mask,
+        width,
+        [sources(x, y, 2) for x, y in zip(a.cross_keys, b.cross_keys)],
+        [sources(x, y, 2) for x, y in zip(a.cross_values, b.cross_values)],
+        sources(a.src_mask, b.src_mask, 1),
+    )
 
 
 def top_candidates(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -255,7 +299,9 @@ def top_candidates(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     return ids, values
 
 
-def _select(req: Request, ids: np.ndarray, values: np.ndarray, eos: int, log_probs: np.ndarray | None = None) -> list[tuple[int, int]]:
+def _select(
+    req: Request, ids: np.ndarray, values: np.ndarray, eos: int, log_probs: np.ndarray | None = None
+) -> list[tuple[int, int]]:
     """Advance one request by a step: (row within the request, next token) for each surviving beam.
 
     ``ids``/``values`` (beam, k >= 2 beam): each row's best candidates (``top_candidates``); the best
@@ -325,8 +371,12 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Re
 
     The batch's cache buffers are written in place; the next batch is the same one unless requests left."""
     layers = range(len(batch.past_keys))
-    feeds = {"tokens": batch.tokens[:, None], "positions": batch.positions[:, None], "cache_mask": batch.cache_mask,
-             "src_mask": batch.src_mask}  # fmt: skip
+    feeds = {
+        "tokens": batch.tokens[:, None],
+        "positions": batch.positions[:, None],
+        "cache_mask": batch.cache_mask,
+        "src_mask": batch.src_mask,
+    }
     for i in layers:
         feeds[f"past_keys_{i}"], feeds[f"past_values_{i}"] = batch.past_keys[i], batch.past_values[i]
         feeds[f"cross_keys_{i}"], feeds[f"cross_values_{i}"] = batch.cross_keys[i], batch.cross_values[i]
@@ -381,14 +431,22 @@ def run_to_end(encoder: Graph, decoder: Graph, requests: list[Request], spec: De
     return requests
 
 
-def greedy(encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec, record: bool = False) -> list[Hypothesis]:
+def greedy(
+    encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec, record: bool = False
+) -> list[Hypothesis]:
     """Greedy decoding of tokenised sources (each ending with eos), one hypothesis each."""
     reqs = [Request(list(s), spec.max_length(len(s)), record=record) for s in sources]
     return [r.results()[0] for r in run_to_end(encoder, decoder, reqs, spec)]
 
 
-def beam_search(encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec,
-                beam: int = 4, length_penalty: float = 1.0) -> list[Hypothesis]:  # fmt: skip
+def beam_search(
+    encoder: Graph,
+    decoder: Graph,
+    sources: Sequence[Sequence[int]],
+    spec: DecoderSpec,
+    beam: int = 4,
+    length_penalty: float = 1.0,
+) -> list[Hypothesis]:
     """Beam search; hypotheses are ranked by score / length**length_penalty, the search of a sentence
     stops when it holds ``beam`` finished hypotheses or reaches its length limit."""
     if beam < 1:

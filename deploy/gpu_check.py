@@ -48,9 +48,14 @@ CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 # Settings this check chooses for its own services; inherited values would contradict it (the
 # attention store is unused here, and a Redis named by the environment may not be running).
 OWN_SETTINGS = {
-    "ATTNSERVE_HOST", "ATTNSERVE_PORT", "ATTNSERVE_MODEL_REPOSITORY", "ATTNSERVE_EXECUTION_PROVIDER",
-    "ATTNSERVE_REQUIRE_GPU", "ATTNSERVE_ATTENTION_STORE", "ATTNSERVE_REDIS_URL",
-}  # fmt: skip
+    "ATTNSERVE_HOST",
+    "ATTNSERVE_PORT",
+    "ATTNSERVE_MODEL_REPOSITORY",
+    "ATTNSERVE_EXECUTION_PROVIDER",
+    "ATTNSERVE_REQUIRE_GPU",
+    "ATTNSERVE_ATTENTION_STORE",
+    "ATTNSERVE_REDIS_URL",
+}
 
 
 @dataclass
@@ -117,8 +122,14 @@ def compare_classifiers(repository: Path, provider: str, batch_sizes=(1, 16), se
             r = compare_outputs(a, b)
             worst["max_abs_diff"] = {k: max(worst["max_abs_diff"][k], v) for k, v in r["max_abs_diff"].items()}
             worst["top1_agreement"] = min(worst["top1_agreement"], r["top1_agreement"])
-        results.append({"model": f"{entry.name}/{entry.version}", "provider": chk.provider,
-                        "inputs": int(sum(batch_sizes)), **worst})  # fmt: skip
+        results.append(
+            {
+                "model": f"{entry.name}/{entry.version}",
+                "provider": chk.provider,
+                "inputs": int(sum(batch_sizes)),
+                **worst,
+            }
+        )
     return results
 
 
@@ -152,12 +163,16 @@ class Service:
 def start_service(label: str, repository: Path, provider: str, log_dir: Path) -> Service:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in OWN_SETTINGS}
-    env.update({
-        "ATTNSERVE_HOST": "127.0.0.1", "ATTNSERVE_PORT": str(port), "ATTNSERVE_MODEL_REPOSITORY": str(repository),
-        "ATTNSERVE_EXECUTION_PROVIDER": "cuda" if provider == CUDA else "cpu",
-        "ATTNSERVE_REQUIRE_GPU": "true" if provider == CUDA else "false",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    })  # fmt: skip
+    env.update(
+        {
+            "ATTNSERVE_HOST": "127.0.0.1",
+            "ATTNSERVE_PORT": str(port),
+            "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+            "ATTNSERVE_EXECUTION_PROVIDER": "cuda" if provider == CUDA else "cpu",
+            "ATTNSERVE_REQUIRE_GPU": "true" if provider == CUDA else "false",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        }
+    )
     log = log_dir / f"service-{label}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=out)
@@ -264,9 +279,14 @@ def load(url: str, path: str, bodies: list[dict], units, concurrency: int, secon
         t.join()
     elapsed = time.perf_counter() - start
     lat = np.array(latencies) * 1000 if latencies else np.array([np.nan])
-    return {"requests": len(latencies), "errors": totals["errors"], "req_per_s": len(latencies) / elapsed,
-            "units_per_s": totals["units"] / elapsed, "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99))}  # fmt: skip
+    return {
+        "requests": len(latencies),
+        "errors": totals["errors"],
+        "req_per_s": len(latencies) / elapsed,
+        "units_per_s": totals["units"] / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+    }
 
 
 # --- the check ------------------------------------------------------------------------------------
@@ -274,8 +294,11 @@ def run(args: argparse.Namespace) -> Report:
     rep = Report()
     provider = CUDA if args.provider == "cuda" else CPU
     info = rep.data["runtime"] = runtime_info()
-    print(f"onnxruntime {info['onnxruntime']} ({info.get('package', '?')}, built for CUDA "
-          f"{info.get('cuda_version') or '-'}), providers {info['providers']}", flush=True)  # fmt: skip
+    print(
+        f"onnxruntime {info['onnxruntime']} ({info.get('package', '?')}, built for CUDA "
+        f"{info.get('cuda_version') or '-'}), providers {info['providers']}",
+        flush=True,
+    )
     if not rep.check("provider offered", provider in info["providers"], f"{provider} in {info['providers']}"):
         return rep
 
@@ -287,13 +310,18 @@ def run(args: argparse.Namespace) -> Report:
     for c in classifiers:
         worst = max(c["max_abs_diff"].values())
         rep.check(f"{c['model']} session provider", c["provider"] == provider, c["provider"])
-        rep.check(f"{c['model']} {args.provider} vs cpu outputs", worst <= args.atol and c["top1_agreement"] == 1.0,
-                  f"max |delta| {', '.join(f'{k} {v:.2e}' for k, v in c['max_abs_diff'].items())} (atol {args.atol}); "
-                  f"top-1 agreement {c['top1_agreement']:.0%} on {c['inputs']} random inputs")  # fmt: skip
+        rep.check(
+            f"{c['model']} {args.provider} vs cpu outputs",
+            worst <= args.atol and c["top1_agreement"] == 1.0,
+            f"max |delta| {', '.join(f'{k} {v:.2e}' for k, v in c['max_abs_diff'].items())} (atol {args.atol}); "
+            f"top-1 agreement {c['top1_agreement']:.0%} on {c['inputs']} random inputs",
+        )
 
     log_dir = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    services = [start_service(args.provider, args.repository, provider, log_dir),
-                start_service("cpu-reference", args.repository, CPU, log_dir)]  # fmt: skip
+    services = [
+        start_service(args.provider, args.repository, provider, log_dir),
+        start_service("cpu-reference", args.repository, CPU, log_dir),
+    ]
     try:
         for s in services:
             why = wait_ready(s, args.startup_timeout)
@@ -303,8 +331,11 @@ def run(args: argparse.Namespace) -> Report:
         models = call(checked.url + "/models")[1]["models"]
         rep.data["models"] = [{k: m.get(k) for k in ("name", "version", "task", "status", "provider")} for m in models]
         problems = provider_problems(models, provider)
-        rep.check(f"GET /models on {provider}", not problems, "; ".join(problems) or
-                  ", ".join(f"{m['name']}/{m['version']} {m['provider']}" for m in rep.data["models"]))  # fmt: skip
+        rep.check(
+            f"GET /models on {provider}",
+            not problems,
+            "; ".join(problems) or ", ".join(f"{m['name']}/{m['version']} {m['provider']}" for m in rep.data["models"]),
+        )
         tasks = {m.get("task"): m for m in models if m.get("status") == "ready"}
         images = sample_images(args.repository)
         if not images and "image-classification" in tasks:
@@ -312,16 +343,22 @@ def run(args: argparse.Namespace) -> Report:
             images = [png_b64(spec["image_size"], spec["channels"], i) for i in range(8)]
 
         if "image-classification" in tasks:
-            got = [[call(s.url + "/classify", "POST", {"images": [im], "top_k": 3}) for im in images]
-                   for s in (checked, reference)]  # fmt: skip
+            got = [
+                [call(s.url + "/classify", "POST", {"images": [im], "top_k": 3}) for im in images]
+                for s in (checked, reference)
+            ]
             ok = all(code == 200 for answers in got for code, _ in answers)
             top = [[body["results"][0]["top_k"] for _, body in answers] if ok else [] for answers in got]
             same = sum(a[0]["index"] == b[0]["index"] for a, b in zip(*top))
             delta = max((abs(x["score"] - y["score"]) for a, b in zip(*top) for x, y in zip(a, b)), default=0.0)
             rep.data["classify"] = {checked.label: top[0], reference.label: top[1]}
-            rep.check(f"POST /classify {args.provider} vs cpu", ok and same == len(images) and delta <= args.atol,
-                      f"top-1 identical on {same}/{len(images)} images, max |delta score| {delta:.2e}"
-                      if ok else "a request failed")  # fmt: skip
+            rep.check(
+                f"POST /classify {args.provider} vs cpu",
+                ok and same == len(images) and delta <= args.atol,
+                f"top-1 identical on {same}/{len(images)} images, max |delta score| {delta:.2e}"
+                if ok
+                else "a request failed",
+            )
 
         if "translation" in tasks:
             texts = [t for t in SENTENCES.read_text().splitlines() if t.strip()][: args.sentences]
@@ -347,20 +384,36 @@ def run(args: argparse.Namespace) -> Report:
             runs = {}
             if "image-classification" in tasks:
                 bodies = [{"images": [im], "top_k": 1} for im in images]
-                runs["classify"] = ("image", load(s.url, "/classify", bodies, lambda b: len(b["results"]),
-                                                  args.concurrency, args.seconds))  # fmt: skip
+                runs["classify"] = (
+                    "image",
+                    load(s.url, "/classify", bodies, lambda b: len(b["results"]), args.concurrency, args.seconds),
+                )
             if "translation" in tasks:
                 texts = [t for t in SENTENCES.read_text().splitlines() if t.strip()]
                 bodies = [{"text": t, "beam_size": 1} for t in texts]
-                runs["translate"] = ("token", load(s.url, "/translate", bodies,
-                                                   lambda b: sum(len(r["target_tokens"]) for r in b["results"]),
-                                                   args.concurrency, args.seconds))  # fmt: skip
+                runs["translate"] = (
+                    "token",
+                    load(
+                        s.url,
+                        "/translate",
+                        bodies,
+                        lambda b: sum(len(r["target_tokens"]) for r in b["results"]),
+                        args.concurrency,
+                        args.seconds,
+                    ),
+                )
             for name, (unit, r) in runs.items():
-                print(f"  {s.label:<14}{name:<12}{r['req_per_s']:>9.1f}{r['units_per_s']:>10.1f}  {unit:<6}"
-                      f"{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}{r['errors']:>7}", flush=True)  # fmt: skip
+                print(
+                    f"  {s.label:<14}{name:<12}{r['req_per_s']:>9.1f}{r['units_per_s']:>10.1f}  {unit:<6}"
+                    f"{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}{r['errors']:>7}",
+                    flush=True,
+                )
                 rep.data["throughput"][f"{s.label}/{name}"] = r
-                rep.check(f"load {s.label} {name}", r["requests"] > 0 and r["errors"] == 0,
-                          f"{r['requests']} answered, {r['errors']} failed")  # fmt: skip
+                rep.check(
+                    f"load {s.label} {name}",
+                    r["requests"] > 0 and r["errors"] == 0,
+                    f"{r['requests']} answered, {r['errors']} failed",
+                )
     finally:
         for s in services:
             s.stop()
@@ -403,8 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = [c["check"] for c in rep.checks if not c["ok"]]
     print("GPU check: " + ("every check passed" if rep.ok else f"FAILED: {', '.join(failed) or 'nothing was checked'}"))
     if args.json:
-        args.json.write_text(json.dumps({"ok": rep.ok, "args": {k: str(v) for k, v in vars(args).items()},
-                                         "checks": rep.checks, **rep.data}, indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {"ok": rep.ok, "args": {k: str(v) for k, v in vars(args).items()}, "checks": rep.checks, **rep.data},
+                indent=2,
+            )
+        )
     return 0 if rep.ok else 1
 
 

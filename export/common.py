@@ -11,9 +11,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from typing_extensions import Self
 
-from model.cli import CliError
 from contract.manifest import SCHEMA_VERSION, describe_files, write_manifest
+from model.cli import CliError
 
 
 class ExportError(CliError):
@@ -42,7 +43,9 @@ def graph_io(path: Path) -> dict:
         for v in values:
             t = v.type.tensor_type
             shape = [d.dim_param or d.dim_value for d in t.shape.dim]
-            out.append({"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": shape})
+            out.append(
+                {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": shape}
+            )
         return out
 
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
@@ -72,7 +75,7 @@ class StagedEntry:
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.dir = Path(tempfile.mkdtemp(prefix=f".{name}-{version}-", dir=self.final.parent))
 
-    def __enter__(self) -> StagedEntry:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from contract.manifest import describe_files, read_manifest, write_manifest
 from model.cli import CliError, run_cli
 from model.data import load_image_dataset
-from contract.manifest import describe_files, read_manifest, write_manifest
 
 DEFAULT_COUNT = 10
 
@@ -30,8 +30,9 @@ def pick(labels: np.ndarray, count: int) -> list[int]:
     return (first + rest)[:count]
 
 
-def write_samples(entry_dir: Path, images: np.ndarray, labels: np.ndarray, names: list[str],
-                  count: int = DEFAULT_COUNT) -> list[dict]:  # fmt: skip
+def write_samples(
+    entry_dir: Path, images: np.ndarray, labels: np.ndarray, names: list[str], count: int = DEFAULT_COUNT
+) -> list[dict]:
     """Write the PNGs into ``entry_dir``; returns the manifest's ``samples`` section."""
     samples = []
     for n, i in enumerate(pick(labels, count)):

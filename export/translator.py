@@ -28,18 +28,34 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from contract.decoding import (
+    DecoderSpec,
+    Graph,
+    Hypothesis,
+    beam_search,
+    decoder_inputs,
+    decoding_outputs,
+    greedy,
+    pad_sources,
+    per_layer,
+    session_fn,
+)
+from contract.tokenizer import Tokenizer
 from export.common import (
-    ExportError, StagedEntry, cpu_session, framework_versions, graph_io, max_abs_diff, next_version, now_iso,
-)  # fmt: skip
+    ExportError,
+    StagedEntry,
+    cpu_session,
+    framework_versions,
+    graph_io,
+    max_abs_diff,
+    next_version,
+    now_iso,
+)
 from export.graphs import keep_outputs
 from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import load_checkpoint
 from model.translation.textio import TextFileError, read_tsv
-from contract.decoding import (
-    DecoderSpec, Graph, Hypothesis, beam_search, decoder_inputs, decoding_outputs, greedy, pad_sources, per_layer, session_fn,
-)  # fmt: skip
-from contract.tokenizer import Tokenizer
 
 ENCODER_INPUTS = ["src_ids", "src_mask"]
 ENCODER_OUTPUTS = ["memory", "cross_keys", "cross_values", "encoder_attentions"]
@@ -75,7 +91,8 @@ class DecoderGraph(nn.Module):
         n = self.layers
         past_k, past_v, cross_k, cross_v = (caches[i * n : (i + 1) * n] for i in range(4))
         log_probs, keys, values, self_p, cross_p = self.model.decode_step_layers(
-            tokens, positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask)  # fmt: skip
+            tokens, positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask
+        )
         return log_probs, *keys, *values, self_p, cross_p
 
 
@@ -99,8 +116,14 @@ def example_inputs(cfg: Seq2SeqConfig, batch: int = 2, src: int = 5, past: int =
     n = cfg.decoder_layers
     cache = [torch.zeros(batch, cfg.heads, past, cfg.head_dim) for _ in range(2 * n)]
     cross = [torch.zeros(batch, cfg.heads, src, cfg.head_dim) for _ in range(2 * n)]
-    step = (torch.ones(batch, 1, dtype=torch.long), torch.full((batch, 1), past, dtype=torch.long),
-            torch.ones(batch, past, dtype=torch.bool), mask, *cache, *cross)  # fmt: skip
+    step = (
+        torch.ones(batch, 1, dtype=torch.long),
+        torch.full((batch, 1), past, dtype=torch.long),
+        torch.ones(batch, past, dtype=torch.bool),
+        mask,
+        *cache,
+        *cross,
+    )
     return (ids, mask), step
 
 
@@ -112,20 +135,41 @@ def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
     enc_args, dec_args = example_inputs(model.cfg)
     kv = {1: batch, 3: src}
     torch.onnx.export(
-        EncoderGraph(model).eval(), enc_args, dynamo=True, opset_version=opset, external_data=False,
-        input_names=ENCODER_INPUTS, output_names=ENCODER_OUTPUTS,
+        EncoderGraph(model).eval(),
+        enc_args,
+        dynamo=True,
+        opset_version=opset,
+        external_data=False,
+        input_names=ENCODER_INPUTS,
+        output_names=ENCODER_OUTPUTS,
         dynamic_shapes={"src_ids": {0: batch, 1: src}, "src_mask": {0: batch, 1: src}},
-    ).save(str(folder / "encoder.onnx"))  # fmt: skip
+    ).save(str(folder / "encoder.onnx"))
     step = DecoderGraph(model).eval()
     n = model.cfg.decoder_layers
-    shapes = {"tokens": {0: batch}, "positions": {0: batch}, "cache_mask": {0: batch, 1: past}, "src_mask": {0: batch, 1: src}}
+    shapes = {
+        "tokens": {0: batch},
+        "positions": {0: batch},
+        "cache_mask": {0: batch, 1: past},
+        "src_mask": {0: batch, 1: src},
+    }
     shapes |= {name: {0: batch, 2: past} for kind in ("past_keys", "past_values") for name in per_layer(kind, n)}
     shapes |= {name: {0: batch, 2: src} for kind in ("cross_keys", "cross_values") for name in per_layer(kind, n)}
     torch.onnx.export(
-        step, dec_args, dynamo=True, opset_version=opset, external_data=False, input_names=step.inputs,
-        output_names=step.outputs, dynamic_shapes={"tokens": shapes["tokens"], "positions": shapes["positions"],
-        "cache_mask": shapes["cache_mask"], "src_mask": shapes["src_mask"], "caches": tuple(shapes[k] for k in step.inputs[4:])},
-    ).save(str(folder / "decoder-with-attention.onnx"))  # fmt: skip
+        step,
+        dec_args,
+        dynamo=True,
+        opset_version=opset,
+        external_data=False,
+        input_names=step.inputs,
+        output_names=step.outputs,
+        dynamic_shapes={
+            "tokens": shapes["tokens"],
+            "positions": shapes["positions"],
+            "cache_mask": shapes["cache_mask"],
+            "src_mask": shapes["src_mask"],
+            "caches": tuple(shapes[k] for k in step.inputs[4:]),
+        },
+    ).save(str(folder / "decoder-with-attention.onnx"))
     # Decoding fetches log-probs and the cache only; per-step attention outputs would still be
     # stacked at every step, so the step graph drops them (attention comes from decoder_prefix).
     keep_outputs(folder / "decoder-with-attention.onnx", folder / "decoder.onnx", list(decoding_outputs(n)["decoder"]))
@@ -133,10 +177,20 @@ def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
     tgt = torch.export.Dim("tgt_len", min=1, max=model.cfg.max_positions)
     cross_stacked = torch.zeros(n, 2, model.cfg.heads, 5, model.cfg.head_dim)
     torch.onnx.export(
-        PrefixDecoderGraph(model).eval(), (torch.ones(2, 4, dtype=torch.long), cross_stacked, cross_stacked.clone(), enc_args[1]),
-        dynamo=True, opset_version=opset, external_data=False, input_names=PREFIX_INPUTS, output_names=PREFIX_OUTPUTS,
-        dynamic_shapes={"tgt_ids": {0: batch, 1: tgt}, "cross_keys": kv, "cross_values": kv, "src_mask": {0: batch, 1: src}},
-    ).save(str(folder / "decoder_prefix.onnx"))  # fmt: skip
+        PrefixDecoderGraph(model).eval(),
+        (torch.ones(2, 4, dtype=torch.long), cross_stacked, cross_stacked.clone(), enc_args[1]),
+        dynamo=True,
+        opset_version=opset,
+        external_data=False,
+        input_names=PREFIX_INPUTS,
+        output_names=PREFIX_OUTPUTS,
+        dynamic_shapes={
+            "tgt_ids": {0: batch, 1: tgt},
+            "cross_keys": kv,
+            "cross_values": kv,
+            "src_mask": {0: batch, 1: src},
+        },
+    ).save(str(folder / "decoder_prefix.onnx"))
 
 
 def torch_fn(module: nn.Module, inputs: list[str], outputs: list[str]) -> Graph:
@@ -151,7 +205,9 @@ def torch_fn(module: nn.Module, inputs: list[str], outputs: list[str]) -> Graph:
 
 
 def decoder_spec(cfg: Seq2SeqConfig) -> DecoderSpec:
-    return DecoderSpec(cfg.decoder_layers, cfg.heads, cfg.head_dim, cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.max_positions)
+    return DecoderSpec(
+        cfg.decoder_layers, cfg.heads, cfg.head_dim, cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.max_positions
+    )
 
 
 def batched(sources: list[list[int]], size: int) -> list[list[int]]:
@@ -160,8 +216,14 @@ def batched(sources: list[list[int]], size: int) -> list[list[int]]:
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[list[int]], batch_size: int = 32,
-                  prefix: Graph | None = None) -> dict:  # fmt: skip
+def parity_report(
+    model: Seq2Seq,
+    encoder: Graph,
+    decoder: Graph,
+    sources: list[list[int]],
+    batch_size: int = 32,
+    prefix: Graph | None = None,
+) -> dict:
     """Greedy tokens of ORT vs pure-PyTorch decoding, per-step log-prob drift vs the PyTorch graphs,
     and the prefix graph's log-probs and attention on the decoded sentences vs PyTorch and vs the steps."""
     spec = decoder_spec(model.cfg)
@@ -169,8 +231,15 @@ def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[
     step = DecoderGraph(model).eval()
     t_dec = torch_fn(step, step.inputs, step.outputs)
     t_prefix = torch_fn(PrefixDecoderGraph(model).eval(), PREFIX_INPUTS, PREFIX_OUTPUTS)
-    report = {"sentences": len(sources), "identical_tokens": 0, "max_abs_log_probs": 0.0, "first_mismatch": None,
-              "prefix_max_abs_log_probs": 0.0, "prefix_max_abs_attention": 0.0, "prefix_vs_steps_max_abs": 0.0}  # fmt: skip
+    report = {
+        "sentences": len(sources),
+        "identical_tokens": 0,
+        "max_abs_log_probs": 0.0,
+        "first_mismatch": None,
+        "prefix_max_abs_log_probs": 0.0,
+        "prefix_max_abs_attention": 0.0,
+        "prefix_vs_steps_max_abs": 0.0,
+    }
     for idx in batched(sources, batch_size):
         batch = [sources[i] for i in idx]
         onnx_hyps = greedy(encoder, decoder, batch, spec, record=True)
@@ -190,7 +259,9 @@ def parity_report(model: Seq2Seq, encoder: Graph, decoder: Graph, sources: list[
     return report
 
 
-def _prefix_parity(report: dict, batch, hyps, encoder: Graph, prefix: Graph, t_prefix: Graph, spec: DecoderSpec) -> None:
+def _prefix_parity(
+    report: dict, batch, hyps, encoder: Graph, prefix: Graph, t_prefix: Graph, spec: DecoderSpec
+) -> None:
     """The uncached prefix graph on the decoded sentences: vs PyTorch, and vs the cached steps' log-probs."""
     width = max(len(h.tokens) for h in hyps) + 1
     tgt = np.full((len(hyps), width), spec.pad_id, dtype=np.int64)
@@ -201,22 +272,26 @@ def _prefix_parity(report: dict, batch, hyps, encoder: Graph, prefix: Graph, t_p
     feeds = {"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": src_mask}
     got, ref = prefix(feeds), t_prefix(feeds)
     real = tgt != spec.pad_id  # padded target positions are not compared
-    report["prefix_max_abs_log_probs"] = max(report["prefix_max_abs_log_probs"],
-                                             max_abs_diff(got["log_probs"][real], ref["log_probs"][real]))  # fmt: skip
+    report["prefix_max_abs_log_probs"] = max(
+        report["prefix_max_abs_log_probs"], max_abs_diff(got["log_probs"][real], ref["log_probs"][real])
+    )
     for name in ("self_attentions", "cross_attentions"):
         a, b = got[name].transpose(0, 3, 1, 2, 4)[real], ref[name].transpose(0, 3, 1, 2, 4)[real]
         report["prefix_max_abs_attention"] = max(report["prefix_max_abs_attention"], max_abs_diff(a, b))
     for row, h in enumerate(hyps):
         for t, step_lp in enumerate(h.step_log_probs[: len(h.tokens) + 1]):
-            report["prefix_vs_steps_max_abs"] = max(report["prefix_vs_steps_max_abs"],
-                                                    max_abs_diff(got["log_probs"][row, t], step_lp))  # fmt: skip
+            report["prefix_vs_steps_max_abs"] = max(
+                report["prefix_vs_steps_max_abs"], max_abs_diff(got["log_probs"][row, t], step_lp)
+            )
 
 
 def check_parity(report: dict, tol: float = LOG_PROB_TOL) -> None:
     problems = []
     if report["identical_tokens"] != report["sentences"]:
-        problems.append(f"greedy tokens differ on {report['sentences'] - report['identical_tokens']} sentences "
-                        f"(first: {report['first_mismatch']})")  # fmt: skip
+        problems.append(
+            f"greedy tokens differ on {report['sentences'] - report['identical_tokens']} sentences "
+            f"(first: {report['first_mismatch']})"
+        )
     for key in ("max_abs_log_probs", "prefix_max_abs_log_probs", "prefix_vs_steps_max_abs"):
         if report.get(key, 0.0) > tol:
             problems.append(f"{key} {report[key]:.2e} > {tol:.0e}")
@@ -226,25 +301,40 @@ def check_parity(report: dict, tol: float = LOG_PROB_TOL) -> None:
         raise ExportError("ONNX/PyTorch parity check failed: " + "; ".join(problems))
 
 
-def translate_all(encoder: Graph, decoder: Graph, sources: list[list[int]], spec: DecoderSpec, tok: Tokenizer,
-                  beam: int, progress: bool, batch_size: int = 64) -> tuple[list[str], float]:  # fmt: skip
+def translate_all(
+    encoder: Graph,
+    decoder: Graph,
+    sources: list[list[int]],
+    spec: DecoderSpec,
+    tok: Tokenizer,
+    beam: int,
+    progress: bool,
+    batch_size: int = 64,
+) -> tuple[list[str], float]:
     out: list[str] = [""] * len(sources)
     start = time.perf_counter()
     for idx in tqdm(batched(sources, batch_size), desc=f"test set, beam {beam}", disable=not progress, leave=False):
         batch = [sources[i] for i in idx]
-        hyps: list[Hypothesis] = greedy(encoder, decoder, batch, spec) if beam == 1 else beam_search(
-            encoder, decoder, batch, spec, beam=beam, length_penalty=LENGTH_PENALTY)
+        hyps: list[Hypothesis] = (
+            greedy(encoder, decoder, batch, spec)
+            if beam == 1
+            else beam_search(encoder, decoder, batch, spec, beam=beam, length_penalty=LENGTH_PENALTY)
+        )
         for i, h in zip(idx, hyps):
             out[i] = tok.decode(h.tokens)
     return out, time.perf_counter() - start
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
-    return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2), "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2)}
+    return {
+        "bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+        "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
+    }
 
 
-def evaluate(encoder: Graph, decoder: Graph, spec: DecoderSpec, tok: Tokenizer, pairs: list[tuple[str, str]],
-             progress: bool) -> dict:  # fmt: skip
+def evaluate(
+    encoder: Graph, decoder: Graph, spec: DecoderSpec, tok: Tokenizer, pairs: list[tuple[str, str]], progress: bool
+) -> dict:
     sources = tok.encode_batch([s for s, _ in pairs], add_eos=True)
     refs = [t for _, t in pairs]
     result = {"split": "test", "sentences": len(pairs), "copy_source": score([s for s, _ in pairs], refs)}
@@ -252,7 +342,9 @@ def evaluate(encoder: Graph, decoder: Graph, spec: DecoderSpec, tok: Tokenizer, 
         hyps, seconds = translate_all(encoder, decoder, sources, spec, tok, beam, progress)
         result[name] = {**score(hyps, refs), "seconds": round(seconds, 1), "beam": beam}
         if beam == 1:
-            result["examples"] = [{"source": s, "reference": r, "greedy": h} for (s, r), h in list(zip(pairs, hyps))[:8]]
+            result["examples"] = [
+                {"source": s, "reference": r, "greedy": h} for (s, r), h in list(zip(pairs, hyps))[:8]
+            ]
     result["sacrebleu"] = sacrebleu.__version__
     return result
 
@@ -268,27 +360,51 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
         "framework": framework_versions(enc["opset"]),
         "languages": {"source": "en", "target": "de"},
         "model": {"architecture": "Seq2Seq", "config": cfg.to_dict(), "parameters": Seq2Seq(cfg).num_parameters()},
-        "graphs": {"encoder": {"file": "encoder.onnx", **enc}, "decoder": {"file": "decoder.onnx", **dec},
-                   "decoder_prefix": {"file": "decoder_prefix.onnx", **prefix}},
-        "tokenizer": {"file": "tokenizer.model", "library": "sentencepiece", "special_ids": ckpt["tokenizer"]["special_ids"],
-                      "vocab_size": ckpt["tokenizer"]["vocab_size"], "normalization": "contract.tokenizer.normalize_text"},
-        "decoding": {"cache_layout": ["batch", "head", "position", "head_dim"], "cache_inputs": "past_keys_{layer}",
-                     "cache_outputs": "new_keys_{layer}", "cache": "buffer: the caller writes each step's new keys/values",
-                     "layers": cfg.decoder_layers,
-                     "heads": cfg.heads, "head_dim": cfg.head_dim, "max_positions": cfg.max_positions,
-                     "max_length": "min(max_positions, 1.5 * source_tokens + 10)", "beam": BEAM,
-                     "length_penalty": LENGTH_PENALTY, "scores": "log_probs"},
+        "graphs": {
+            "encoder": {"file": "encoder.onnx", **enc},
+            "decoder": {"file": "decoder.onnx", **dec},
+            "decoder_prefix": {"file": "decoder_prefix.onnx", **prefix},
+        },
+        "tokenizer": {
+            "file": "tokenizer.model",
+            "library": "sentencepiece",
+            "special_ids": ckpt["tokenizer"]["special_ids"],
+            "vocab_size": ckpt["tokenizer"]["vocab_size"],
+            "normalization": "contract.tokenizer.normalize_text",
+        },
+        "decoding": {
+            "cache_layout": ["batch", "head", "position", "head_dim"],
+            "cache_inputs": "past_keys_{layer}",
+            "cache_outputs": "new_keys_{layer}",
+            "cache": "buffer: the caller writes each step's new keys/values",
+            "layers": cfg.decoder_layers,
+            "heads": cfg.heads,
+            "head_dim": cfg.head_dim,
+            "max_positions": cfg.max_positions,
+            "max_length": "min(max_positions, 1.5 * source_tokens + 10)",
+            "beam": BEAM,
+            "length_penalty": LENGTH_PENALTY,
+            "scores": "log_probs",
+        },
         "attention": {
-            "encoder": {"output": "encoder_attentions", "layout": ["batch", "layer", "head", "query", "key"],
-                        "layers": cfg.encoder_layers},
-            "prefix": {"graph": "decoder_prefix", "self": ["batch", "layer", "head", "target", "target"],
-                       "cross": ["batch", "layer", "head", "target", "source"]},
+            "encoder": {
+                "output": "encoder_attentions",
+                "layout": ["batch", "layer", "head", "query", "key"],
+                "layers": cfg.encoder_layers,
+            },
+            "prefix": {
+                "graph": "decoder_prefix",
+                "self": ["batch", "layer", "head", "target", "target"],
+                "cross": ["batch", "layer", "head", "target", "source"],
+            },
             "heads": cfg.heads,
         },
-        "evaluation": {**evaluation, "parity": {**parity, "log_probs_tolerance": LOG_PROB_TOL,
-                                                "attention_tolerance": ATTENTION_TOL}},
+        "evaluation": {
+            **evaluation,
+            "parity": {**parity, "log_probs_tolerance": LOG_PROB_TOL, "attention_tolerance": ATTENTION_TOL},
+        },
         "training": ckpt["training"],
-    }  # fmt: skip
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -331,17 +447,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exporting {args.checkpoint} -> {stage.final}", file=sys.stderr)
         export_graphs(model, stage.dir, args.opset)
         tok.save(stage.dir / "tokenizer.model")
-        encoder, decoder, prefix = (session_fn(cpu_session(stage.dir / f"{g}.onnx"))
-                                    for g in ("encoder", "decoder", "decoder_prefix"))  # fmt: skip
+        encoder, decoder, prefix = (
+            session_fn(cpu_session(stage.dir / f"{g}.onnx")) for g in ("encoder", "decoder", "decoder_prefix")
+        )
         sources = tok.encode_batch([s for s, _ in pairs[: args.parity_sentences]], add_eos=True)
         parity = parity_report(model, encoder, decoder, sources, prefix=prefix)
         check_parity(parity)
         evaluation = evaluate(encoder, decoder, decoder_spec(cfg), tok, pairs, not args.no_progress)
         final = stage.commit(build_manifest(ckpt, args.name, version, stage.dir, parity, evaluation))
-    print(f"wrote {final}: parity {parity['identical_tokens']}/{parity['sentences']} identical, max |dlog_probs| "
-          f"{parity['max_abs_log_probs']:.1e}; test BLEU greedy {evaluation['greedy']['bleu']} beam "
-          f"{evaluation[f'beam{BEAM}']['bleu']}, chrF {evaluation[f'beam{BEAM}']['chrf']} "
-          f"(copy baseline BLEU {evaluation['copy_source']['bleu']})", file=sys.stderr)  # fmt: skip
+    print(
+        f"wrote {final}: parity {parity['identical_tokens']}/{parity['sentences']} identical, max |dlog_probs| "
+        f"{parity['max_abs_log_probs']:.1e}; test BLEU greedy {evaluation['greedy']['bleu']} beam "
+        f"{evaluation[f'beam{BEAM}']['bleu']}, chrF {evaluation[f'beam{BEAM}']['chrf']} "
+        f"(copy baseline BLEU {evaluation['copy_source']['bleu']})",
+        file=sys.stderr,
+    )
     return 0
 
 

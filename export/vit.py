@@ -20,12 +20,19 @@ from torch import nn
 from tqdm import tqdm
 
 from export.common import (
-    ExportError, StagedEntry, cpu_session, framework_versions, graph_io, max_abs_diff, next_version, now_iso,
-)  # fmt: skip
+    ExportError,
+    StagedEntry,
+    cpu_session,
+    framework_versions,
+    graph_io,
+    max_abs_diff,
+    next_version,
+    now_iso,
+)
 from export.graphs import keep_outputs
 from export.samples import write_samples
-from model.data import load_image_dataset
 from model.cli import CliError, run_cli
+from model.data import load_image_dataset
 from model.training import load_checkpoint
 from model.vit import ViT, ViTConfig
 
@@ -57,10 +64,15 @@ def export_graph(vit: ViT, path: Path, opset: int = 18) -> None:
     example = torch.zeros(2, cfg.channels, cfg.image_size, cfg.image_size)
     batch = torch.export.Dim("batch", min=1, max=4096)
     program = torch.onnx.export(
-        ViTWithAttention(vit).eval(), (example,), dynamo=True, opset_version=opset,
-        input_names=[INPUT], output_names=[LOGITS, ATTENTIONS],
-        dynamic_shapes={"pixel_values": {0: batch}}, external_data=False,
-    )  # fmt: skip
+        ViTWithAttention(vit).eval(),
+        (example,),
+        dynamo=True,
+        opset_version=opset,
+        input_names=[INPUT],
+        output_names=[LOGITS, ATTENTIONS],
+        dynamic_shapes={"pixel_values": {0: batch}},
+        external_data=False,
+    )
     program.save(str(path))
 
 
@@ -68,7 +80,12 @@ def export_graph(vit: ViT, path: Path, opset: int = 18) -> None:
 def parity_report(vit: ViT, session, x: np.ndarray, batch_sizes=PARITY_BATCHES, logits_only=None) -> dict:
     """Max |ONNX - PyTorch| of logits and attention, and argmax agreement, at each batch size; with
     ``logits_only`` (the serving graph), its logits are held to the same tolerance."""
-    report = {"batch_sizes": list(batch_sizes), "max_abs_logits": 0.0, "max_abs_attention": 0.0, "argmax_identical": True}
+    report = {
+        "batch_sizes": list(batch_sizes),
+        "max_abs_logits": 0.0,
+        "max_abs_attention": 0.0,
+        "argmax_identical": True,
+    }
     if not len(x):
         raise ExportError("no test images for the parity check")
     for bs in batch_sizes:
@@ -114,19 +131,30 @@ def build_manifest(ckpt: dict, name: str, version: str, io: dict, attention_io: 
         "created_at": now_iso(),
         "framework": framework_versions(io["opset"]),
         "model": {"architecture": "ViT", "config": cfg.to_dict(), "parameters": ViT(cfg).num_parameters()},
-        "graphs": {"model": {"file": "model.onnx", "inputs": io["inputs"], "outputs": io["outputs"]},
-                   "attention": {"file": "model_attention.onnx", "inputs": attention_io["inputs"],
-                                 "outputs": attention_io["outputs"]}},
+        "graphs": {
+            "model": {"file": "model.onnx", "inputs": io["inputs"], "outputs": io["outputs"]},
+            "attention": {
+                "file": "model_attention.onnx",
+                "inputs": attention_io["inputs"],
+                "outputs": attention_io["outputs"],
+            },
+        },
         "labels": ckpt["label_names"],
         "preprocessing": ckpt["preprocessing"],
         "attention": {
-            "graph": "attention", "output": ATTENTIONS, "layout": ["batch", "layer", "head", "query", "key"],
-            "layers": cfg.depth, "heads": cfg.heads, "tokens": cfg.num_tokens,
-            "prefix_tokens": 1, "grid": [cfg.grid_size, cfg.grid_size], "patch_size": cfg.patch_size,
+            "graph": "attention",
+            "output": ATTENTIONS,
+            "layout": ["batch", "layer", "head", "query", "key"],
+            "layers": cfg.depth,
+            "heads": cfg.heads,
+            "tokens": cfg.num_tokens,
+            "prefix_tokens": 1,
+            "grid": [cfg.grid_size, cfg.grid_size],
+            "patch_size": cfg.patch_size,
         },
         "evaluation": evaluation,
         "training": ckpt["training"],
-    }  # fmt: skip
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -166,15 +194,21 @@ def main(argv: list[str] | None = None) -> int:
         check_parity(parity)
         accuracy = onnx_accuracy(session, x_test, data.test_labels, progress=not args.no_progress)
         evaluation = {
-            "dataset": data.name, "split": "test", "test_examples": len(x_test), "test_accuracy": accuracy,
+            "dataset": data.name,
+            "split": "test",
+            "test_examples": len(x_test),
+            "test_accuracy": accuracy,
             "pytorch_test_accuracy": ckpt["evaluation"]["test_accuracy"],
             "parity": {**parity, "logits_tolerance": LOGITS_TOL, "attention_tolerance": ATTENTION_TOL},
-        }  # fmt: skip
+        }
         manifest = build_manifest(ckpt, args.name, version, graph_io(graph), graph_io(attention_graph), evaluation)
         manifest["samples"] = write_samples(stage.dir, data.test_images, data.test_labels, manifest["labels"])
         final = stage.commit(manifest)
-    print(f"wrote {final}: test accuracy {accuracy:.4f}, parity max |dlogits| {parity['max_abs_logits']:.1e}, "
-          f"max |dattention| {parity['max_abs_attention']:.1e}", file=sys.stderr)  # fmt: skip
+    print(
+        f"wrote {final}: test accuracy {accuracy:.4f}, parity max |dlogits| {parity['max_abs_logits']:.1e}, "
+        f"max |dattention| {parity['max_abs_attention']:.1e}",
+        file=sys.stderr,
+    )
     if args.int8:
         from export.quantize import export_int8
 

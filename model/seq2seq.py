@@ -23,9 +23,8 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
-from model.layers import Attention, Mlp
-
 from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from model.layers import Attention, Mlp
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,9 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.src_embed = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
-        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
+        self.tgt_embed = (
+            self.src_embed if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
+        )
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -250,9 +251,13 @@ class Seq2Seq(nn.Module):
         return logits, cross
 
     def decode_prefix(
-        self, tgt_in: torch.Tensor, cross_keys: torch.Tensor, cross_values: torch.Tensor, src_mask: torch.Tensor,
+        self,
+        tgt_in: torch.Tensor,
+        cross_keys: torch.Tensor,
+        cross_values: torch.Tensor,
+        src_mask: torch.Tensor,
         return_attention: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``decode`` from precomputed cross keys/values: logits (B, T, V) and, if asked, the
         self-attention (B, L, H, T, T) and cross-attention (B, L, H, T, S) probabilities."""
         x = self.embed(self.tgt_embed, tgt_in, self.positions_of(tgt_in))
@@ -286,7 +291,8 @@ class Seq2Seq(nn.Module):
         """One decoding step: log-probs (B, V), present keys/values (L, B, H, T+1, Dh),
         self-attention (B, L, H, T+1) and cross-attention (B, L, H, S) probabilities of this step."""
         log_probs, keys, values, self_probs, cross_probs = self.decode_step_layers(
-            tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask)  # fmt: skip
+            tokens, positions, past_keys, past_values, cache_mask, cross_keys, cross_values, src_mask
+        )
         present_k = torch.stack([torch.cat([past_keys[i], k], dim=2) for i, k in enumerate(keys)])
         present_v = torch.stack([torch.cat([past_values[i], v], dim=2) for i, v in enumerate(values)])
         return log_probs, present_k, present_v, self_probs, cross_probs
@@ -312,7 +318,9 @@ class Seq2Seq(nn.Module):
         past_mask, cross_mask = key_mask(cache_mask), key_mask(src_mask)
         keys, values, self_probs, cross_probs = [], [], [], []
         for i, layer in enumerate(self.decoder):
-            x, k, v, sp, cp = layer(x, past_mask, cross_keys[i], cross_values[i], cross_mask, past_keys[i], past_values[i])
+            x, k, v, sp, cp = layer(
+                x, past_mask, cross_keys[i], cross_values[i], cross_mask, past_keys[i], past_values[i]
+            )
             keys.append(k)
             values.append(v)
             self_probs.append(sp[:, :, 0])
@@ -320,7 +328,9 @@ class Seq2Seq(nn.Module):
         log_probs = self.out(self.decoder_norm(x[:, 0])).log_softmax(dim=-1)
         return log_probs, keys, values, torch.stack(self_probs, dim=1), torch.stack(cross_probs, dim=1)
 
-    def empty_cache(self, batch: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def empty_cache(
+        self, batch: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Past keys, values (L, B, H, 0, Dh) and cache mask (B, 0) for the first step."""
         c = self.cfg
         kv = torch.zeros(c.decoder_layers, batch, c.heads, 0, c.head_dim, device=device)
@@ -345,7 +355,9 @@ def greedy_decode(model: Seq2Seq, src: torch.Tensor, max_len: int, use_cache: bo
     for t in range(max_len):
         if use_cache:
             positions = torch.full((b, 1), t, dtype=torch.long, device=src.device)
-            scores, past_k, past_v, _, _ = model.decode_step(tokens, positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask)
+            scores, past_k, past_v, _, _ = model.decode_step(
+                tokens, positions, past_k, past_v, cache_mask, cross_k, cross_v, src_mask
+            )
             cache_mask = torch.ones(b, t + 1, dtype=torch.bool, device=src.device)
         else:
             scores = model.decode(prefix, memory, src_mask)[0][:, -1]

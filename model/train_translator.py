@@ -25,25 +25,37 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from contract.tokenizer import Tokenizer, TokenizerError
 from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import inverse_sqrt, load_checkpoint, save_checkpoint, seed_everything
 from model.translation.batching import Example, encode_pairs, make_batches, pad_batch
 from model.translation.textio import TextFileError, read_tsv
-from contract.tokenizer import Tokenizer, TokenizerError
 
 PROFILES = {
-    "tiny": dict(
-        config=Seq2SeqConfig(dim=32, encoder_layers=1, decoder_layers=1, heads=2, ffn_dim=64, dropout=0.0),
-        epochs=1, max_tokens=1024, lr=3e-3, warmup_steps=20, label_smoothing=0.0, max_train=400, max_length=64,
-        precision="fp32",
-    ),
-    "default": dict(
-        config=Seq2SeqConfig(dim=256, encoder_layers=4, decoder_layers=2, heads=4, ffn_dim=1024, dropout=0.1),
-        epochs=40, max_tokens=4096, lr=1e-3, warmup_steps=600, label_smoothing=0.1, max_train=None, max_length=128,
-        precision="auto",
-    ),
-}  # fmt: skip
+    "tiny": {
+        "config": Seq2SeqConfig(dim=32, encoder_layers=1, decoder_layers=1, heads=2, ffn_dim=64, dropout=0.0),
+        "epochs": 1,
+        "max_tokens": 1024,
+        "lr": 3e-3,
+        "warmup_steps": 20,
+        "label_smoothing": 0.0,
+        "max_train": 400,
+        "max_length": 64,
+        "precision": "fp32",
+    },
+    "default": {
+        "config": Seq2SeqConfig(dim=256, encoder_layers=4, decoder_layers=2, heads=4, ffn_dim=1024, dropout=0.1),
+        "epochs": 40,
+        "max_tokens": 4096,
+        "lr": 1e-3,
+        "warmup_steps": 600,
+        "label_smoothing": 0.1,
+        "max_train": None,
+        "max_length": 128,
+        "precision": "auto",
+    },
+}
 HPARAMS = ("epochs", "max_tokens", "lr", "warmup_steps", "label_smoothing", "max_train", "max_length", "precision")
 
 
@@ -78,9 +90,13 @@ def resolve_hparams(args: argparse.Namespace, vocab_size: int) -> dict:
     for key in HPARAMS:
         if getattr(args, key, None) is not None:
             hp[key] = getattr(args, key)
-    overrides = {k: getattr(args, k) for k in ("dim", "encoder_layers", "decoder_layers", "heads", "ffn_dim", "dropout", "norm")}
+    overrides = {
+        k: getattr(args, k) for k in ("dim", "encoder_layers", "decoder_layers", "heads", "ffn_dim", "dropout", "norm")
+    }
     try:
-        hp["config"] = replace(hp["config"], vocab_size=vocab_size, **{k: v for k, v in overrides.items() if v is not None})
+        hp["config"] = replace(
+            hp["config"], vocab_size=vocab_size, **{k: v for k, v in overrides.items() if v is not None}
+        )
     except ValueError as e:
         raise CliError(f"bad model configuration: {e}") from None
     if hp["epochs"] < 1 or hp["max_tokens"] < hp["max_length"] or hp["lr"] <= 0 or hp["warmup_steps"] < 1:
@@ -107,8 +123,13 @@ def batch_loss(model: Seq2Seq, batch: list[Example], hp: dict, smoothing: float)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=hp["precision"] == "bf16"):
         logits = model(src, tgt[:, :-1])
     gold = tgt[:, 1:]
-    loss = F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=model.cfg.pad_id,
-                           label_smoothing=smoothing, reduction="sum")  # fmt: skip
+    loss = F.cross_entropy(
+        logits.float().flatten(0, 1),
+        gold.flatten(),
+        ignore_index=model.cfg.pad_id,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )
     return loss, int((gold != model.cfg.pad_id).sum())
 
 
@@ -134,8 +155,12 @@ def greedy_bleu(model: Seq2Seq, examples: list[Example], refs: list[str], tok: T
 def build_optimizer(model: Seq2Seq, hp: dict) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-                            lr=hp["lr"], betas=(0.9, 0.98), eps=1e-9)  # fmt: skip
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=hp["lr"],
+        betas=(0.9, 0.98),
+        eps=1e-9,
+    )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt(s, hp["warmup_steps"]))
 
 
@@ -188,9 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def save_last() -> None:
-        save_checkpoint(out / "last.pt", {"state_dict": model.state_dict(), "optimizer": opt.state_dict(),
-                                          "scheduler": sched.state_dict(), "rng": torch.get_rng_state(),
-                                          "state": state, "config": cfg.to_dict()})  # fmt: skip
+        save_checkpoint(
+            out / "last.pt",
+            {
+                "state_dict": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "rng": torch.get_rng_state(),
+                "state": state,
+                "config": cfg.to_dict(),
+            },
+        )
 
     start, stop_reason = time.time() - state["seconds"], None
     deadline = start + args.time_limit * 60 if args.time_limit else None
@@ -198,8 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         epoch = state["epoch"]
         batches = make_batches(train, hp["max_tokens"], torch.Generator().manual_seed(args.seed * 100_003 + epoch))
         model.train()
-        bar = tqdm(range(state["batch"], len(batches)), desc=f"epoch {epoch + 1}/{hp['epochs']}",
-                   disable=args.no_progress, leave=False)  # fmt: skip
+        bar = tqdm(
+            range(state["batch"], len(batches)),
+            desc=f"epoch {epoch + 1}/{hp['epochs']}",
+            disable=args.no_progress,
+            leave=False,
+        )
         losses, last_save = [], time.time()
         for i in bar:
             loss, n = batch_loss(model, batches[i], hp, hp["label_smoothing"])
@@ -225,12 +262,21 @@ def main(argv: list[str] | None = None) -> int:
         if state["batch"] >= len(batches):
             val_loss = validate(model, valid_batches, hp)
             bleu, chrf = greedy_bleu(model, bleu_examples, bleu_refs, tok)
-            record = {"epoch": epoch + 1, "step": state["step"], "seconds": round(time.time() - start, 1),
-                      "train_loss": float(np.mean(losses)) if losses else None, "val_loss": val_loss,
-                      "val_bleu": bleu, "val_chrf": chrf}  # fmt: skip
+            record = {
+                "epoch": epoch + 1,
+                "step": state["step"],
+                "seconds": round(time.time() - start, 1),
+                "train_loss": float(np.mean(losses)) if losses else None,
+                "val_loss": val_loss,
+                "val_bleu": bleu,
+                "val_chrf": chrf,
+            }
             state["history"].append(record)
-            print(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} "
-                  f"val greedy BLEU {bleu:.2f} chrF {chrf:.2f} ({record['seconds']:.0f} s)", file=sys.stderr)  # fmt: skip
+            print(
+                f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} "
+                f"val greedy BLEU {bleu:.2f} chrF {chrf:.2f} ({record['seconds']:.0f} s)",
+                file=sys.stderr,
+            )
             save_epoch_weights(out / "epochs", epoch + 1, model, args.keep_epochs)
             if state["best"] is None or val_loss < state["best"]["val_loss"]:
                 state["best"] = record
@@ -247,21 +293,34 @@ def main(argv: list[str] | None = None) -> int:
         "config": cfg.to_dict(),
         "tokenizer": {"model": tok.to_bytes(), "special_ids": tok.special.as_dict(), "vocab_size": tok.vocab_size},
         "training": {
-            "data": str(args.data), "train_pairs": len(train), "valid_pairs": len(valid), "left_out_long": dropped,
-            "seed": args.seed, "threads": args.threads, "profile": args.profile,
+            "data": str(args.data),
+            "train_pairs": len(train),
+            "valid_pairs": len(valid),
+            "left_out_long": dropped,
+            "seed": args.seed,
+            "threads": args.threads,
+            "profile": args.profile,
             "command": "python -m model.train_translator " + shlex.join(argv if argv is not None else sys.argv[1:]),
-            "hyperparameters": {k: hp[k] for k in HPARAMS}, "steps": state["step"],
-            "epochs_done": state["epoch"], "training_seconds": round(state["seconds"], 1),
-            "stopped_by": stop_reason or "epochs", "best_epoch": state["best"]["epoch"],
-            "val_loss": state["best"]["val_loss"], "history": state["history"], "torch": torch.__version__,
+            "hyperparameters": {k: hp[k] for k in HPARAMS},
+            "steps": state["step"],
+            "epochs_done": state["epoch"],
+            "training_seconds": round(state["seconds"], 1),
+            "stopped_by": stop_reason or "epochs",
+            "best_epoch": state["best"]["epoch"],
+            "val_loss": state["best"]["val_loss"],
+            "history": state["history"],
+            "torch": torch.__version__,
         },
-    }  # fmt: skip
+    }
     best = torch.load(out / "best.pt", weights_only=False)
     save_checkpoint(out / "best.pt", {"state_dict": best["state_dict"], **meta})
     meta.pop("tokenizer")
     (out / "metrics.json").write_text(json.dumps(meta, indent=2))
-    print(f"best epoch {meta['training']['best_epoch']} (val loss {meta['training']['val_loss']:.4f}); "
-          f"wrote {out / 'best.pt'}", file=sys.stderr)  # fmt: skip
+    print(
+        f"best epoch {meta['training']['best_epoch']} (val loss {meta['training']['val_loss']:.4f}); "
+        f"wrote {out / 'best.pt'}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -21,25 +21,43 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from model.cli import CliError, run_cli
 from model.data import load_image_dataset
 from model.data.images import DATASETS, split_validation
-from model.cli import CliError, run_cli
 from model.training import save_checkpoint, seed_everything, warmup_cosine
 from model.vit import ViT, ViTConfig
 
 # Each profile is a model config plus training hyper-parameters; flags override either.
 PROFILES = {
-    "tiny": dict(
-        config=ViTConfig(patch_size=7, dim=32, depth=2, heads=2, mlp_ratio=2.0),
-        epochs=1, batch_size=64, lr=2e-3, weight_decay=0.05, warmup_epochs=0.1,
-        label_smoothing=0.0, max_train=2000, flip=False, shift=0, precision="fp32", ema=0.0,
-    ),
-    "default": dict(
-        config=ViTConfig(patch_size=4, dim=96, depth=6, heads=4, mlp_ratio=2.0),
-        epochs=60, batch_size=128, lr=2e-3, weight_decay=0.05, warmup_epochs=2.0,
-        label_smoothing=0.1, max_train=None, flip=True, shift=2, precision="auto", ema=0.999,
-    ),
-}  # fmt: skip
+    "tiny": {
+        "config": ViTConfig(patch_size=7, dim=32, depth=2, heads=2, mlp_ratio=2.0),
+        "epochs": 1,
+        "batch_size": 64,
+        "lr": 2e-3,
+        "weight_decay": 0.05,
+        "warmup_epochs": 0.1,
+        "label_smoothing": 0.0,
+        "max_train": 2000,
+        "flip": False,
+        "shift": 0,
+        "precision": "fp32",
+        "ema": 0.0,
+    },
+    "default": {
+        "config": ViTConfig(patch_size=4, dim=96, depth=6, heads=4, mlp_ratio=2.0),
+        "epochs": 60,
+        "batch_size": 128,
+        "lr": 2e-3,
+        "weight_decay": 0.05,
+        "warmup_epochs": 2.0,
+        "label_smoothing": 0.1,
+        "max_train": None,
+        "flip": True,
+        "shift": 2,
+        "precision": "auto",
+        "ema": 0.999,
+    },
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,9 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("lr", "weight_decay", "warmup_epochs", "label_smoothing", "ema"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float)
     p.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"],
-                   help="matmul precision of training steps (bf16 autocast; auto: bf16 where the CPU has it natively); "
-                   "weights, evaluation and export stay fp32")  # fmt: skip
+    p.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        help="matmul precision of training steps (bf16 autocast; auto: bf16 where the CPU has it natively); "
+        "weights, evaluation and export stay fp32",
+    )
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (smoke tests)")
     for name in ("patch_size", "dim", "depth", "heads"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, help="model config override")
@@ -87,7 +108,7 @@ def resolve_hparams(args: argparse.Namespace, image_size: int, channels: int, cl
 
 def augment(x: torch.Tensor, shift: int, flip: bool, gen: torch.Generator) -> torch.Tensor:
     """Random translation by up to ``shift`` pixels (zero padded) and random horizontal flip."""
-    b, c, h, w = x.shape
+    b, _c, h, w = x.shape
     if shift:
         padded = F.pad(x, (shift, shift, shift, shift))  # (B, C, H+2s, W+2s)
         dy = torch.randint(0, 2 * shift + 1, (b, 1), generator=gen)
@@ -122,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     gen = seed_everything(args.seed)
-    folder_options = {"image_size": args.image_size, "channels": args.channels} if args.dataset == "image-folder" else {}
+    folder_options = (
+        {"image_size": args.image_size, "channels": args.channels} if args.dataset == "image-folder" else {}
+    )
     data = load_image_dataset(args.dataset, args.data_dir, **folder_options)
     hp = resolve_hparams(args, data.image_size, data.channels, len(data.label_names))
     cfg: ViTConfig = hp["config"]
@@ -167,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     for epoch in range(hp["epochs"]):
         model.train()
         order = torch.randperm(len(x_train), generator=gen)
-        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{hp['epochs']}", disable=args.no_progress, leave=False)
+        bar = tqdm(
+            range(steps_per_epoch), desc=f"epoch {epoch + 1}/{hp['epochs']}", disable=args.no_progress, leave=False
+        )
         losses = []
         for i in bar:
             idx = order[i * hp["batch_size"] : (i + 1) * hp["batch_size"]]
@@ -190,9 +215,17 @@ def main(argv: list[str] | None = None) -> int:
             if step >= total_steps:
                 break
         val_acc, val_loss = evaluate(ema or model, x_val, y_val)
-        record = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)), "val_loss": val_loss, "val_accuracy": val_acc}
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": float(np.mean(losses)),
+            "val_loss": val_loss,
+            "val_accuracy": val_acc,
+        }
         history.append(record)
-        print(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} val acc {val_acc:.4f}", file=sys.stderr)
+        print(
+            f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} val acc {val_acc:.4f}",
+            file=sys.stderr,
+        )
         if best is None or val_acc > best["val_accuracy"]:
             best = dict(record)
             save_checkpoint(out / "best.pt", {"state_dict": (ema or model).state_dict()})
@@ -203,26 +236,42 @@ def main(argv: list[str] | None = None) -> int:
     model.load_state_dict(torch.load(out / "best.pt", weights_only=True)["state_dict"])
     x_test = to_tensor(data.test_images, mean, std)
     test_acc, test_loss = evaluate(model, x_test, torch.from_numpy(data.test_labels))
-    print(f"best epoch {best['epoch']} (val acc {best['val_accuracy']:.4f}): test accuracy {test_acc:.4f}", file=sys.stderr)
+    print(
+        f"best epoch {best['epoch']} (val acc {best['val_accuracy']:.4f}): test accuracy {test_acc:.4f}",
+        file=sys.stderr,
+    )
     meta = {
         "task": "image-classification",
         "architecture": "ViT",
         "config": cfg.to_dict(),
         "label_names": data.label_names,
         "preprocessing": {
-            "image_size": cfg.image_size, "channels": cfg.channels, "color_mode": "L" if cfg.channels == 1 else "RGB",
-            "resize": "bilinear", "scale": 1 / 255, "mean": mean.tolist(), "std": std.tolist(),
+            "image_size": cfg.image_size,
+            "channels": cfg.channels,
+            "color_mode": "L" if cfg.channels == 1 else "RGB",
+            "resize": "bilinear",
+            "scale": 1 / 255,
+            "mean": mean.tolist(),
+            "std": std.tolist(),
         },
         "training": {
-            "dataset": data.source, "train_examples": len(x_train), "val_examples": len(x_val),
-            "seed": args.seed, "threads": args.threads, "profile": args.profile,
+            "dataset": data.source,
+            "train_examples": len(x_train),
+            "val_examples": len(x_val),
+            "seed": args.seed,
+            "threads": args.threads,
+            "profile": args.profile,
             "command": "python -m model.train_vit " + shlex.join(argv if argv is not None else sys.argv[1:]),
             "hyperparameters": {k: v for k, v in hp.items() if k != "config"},
-            "steps": step, "training_seconds": round(train_seconds, 1), "best_epoch": best["epoch"],
-            "val_accuracy": best["val_accuracy"], "history": history, "torch": torch.__version__,
+            "steps": step,
+            "training_seconds": round(train_seconds, 1),
+            "best_epoch": best["epoch"],
+            "val_accuracy": best["val_accuracy"],
+            "history": history,
+            "torch": torch.__version__,
         },
         "evaluation": {"test_accuracy": test_acc, "test_loss": test_loss, "test_examples": len(data.test_labels)},
-    }  # fmt: skip
+    }
     save_checkpoint(out / "best.pt", {"state_dict": model.state_dict(), **meta})
     (out / "metrics.json").write_text(json.dumps(meta, indent=2))
     print(f"wrote {out / 'best.pt'}", file=sys.stderr)

@@ -35,9 +35,7 @@ class ViTConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.image_size % self.patch_size:
-            raise ValueError(
-                f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}"
-            )
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.dim % self.heads:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
         if self.mlp_ratio <= 0:
@@ -58,7 +56,7 @@ class ViTConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ViTConfig":
+    def from_dict(cls, d: dict) -> ViTConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - fields
         if unknown:

@@ -63,9 +63,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     check_gpu_available(settings)  # require_gpu without a CUDA-capable onnxruntime: refuse to start at all
     log.info(
         "starting attnserve %s: repository %s, onnxruntime %s offering %s, max_batch_size %d",
-        __version__, settings.model_repository.resolve(), ort.__version__, available_providers(),
+        __version__,
+        settings.model_repository.resolve(),
+        ort.__version__,
+        available_providers(),
         settings.max_batch_size,
-    )  # fmt: skip
+    )
     registry = Registry(settings, app.state.metrics)
     app.state.registry = registry
     app.state.decoder = ImageDecoder(

@@ -389,7 +389,7 @@ class Batcher:
         try:
             x = batch[0].rows if len(batch) == 1 else np.concatenate([p.rows for p in batch])
             out: Any = self._run_batch(x, any(p.attention for p in batch))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - whatever failed, every request of the batch gets it as its answer
             out = e
         finally:
             with self._lock:
@@ -426,11 +426,18 @@ class Batcher:
                 raise RuntimeError(f"the model returned {[len(o) for o in outputs]} rows for {images} inputs")
         except Exception as e:
             observer.batch_finished(images, ended - started, ok=False)
-            log.error("batch of %d images failed in model %s; failing its requests %s", images, self.name,
-                      ", ".join(str(p.request_id) for p in batch), exc_info=e)  # fmt: skip
+            log.error(
+                "batch of %d images failed in model %s; failing its requests %s",
+                images,
+                self.name,
+                ", ".join(str(p.request_id) for p in batch),
+                exc_info=e,
+            )
             for p in batch:
                 if not p.future.done():
-                    p.future.set_exception(InferenceFailed(f"inference failed in model {self.name}; see the server log"))
+                    p.future.set_exception(
+                        InferenceFailed(f"inference failed in model {self.name}; see the server log")
+                    )
             return
         observer.batch_finished(images, ended - started, ok=True)
         offset = 0

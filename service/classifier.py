@@ -94,12 +94,21 @@ class AttentionSpec:
         if not a:
             return None
         try:
-            spec = cls(str(a["output"]), int(a["layers"]), int(a["heads"]), int(a["tokens"]), int(a["prefix_tokens"]),
-                       (int(a["grid"][0]), int(a["grid"][1])), int(a["patch_size"]))  # fmt: skip
+            spec = cls(
+                str(a["output"]),
+                int(a["layers"]),
+                int(a["heads"]),
+                int(a["tokens"]),
+                int(a["prefix_tokens"]),
+                (int(a["grid"][0]), int(a["grid"][1])),
+                int(a["patch_size"]),
+            )
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise ManifestError(f"manifest attention section is incomplete or malformed: {e!r}") from e
         if spec.output not in graph_outputs:
-            raise ManifestError(f"manifest names attention output {spec.output!r}, the graph has {sorted(graph_outputs)}")
+            raise ManifestError(
+                f"manifest names attention output {spec.output!r}, the graph has {sorted(graph_outputs)}"
+            )
         if spec.tokens != spec.prefix_tokens + spec.grid[0] * spec.grid[1]:
             raise ManifestError(f"attention: {spec.tokens} tokens are not {spec.prefix_tokens} + the {spec.grid} grid")
         return spec
@@ -222,12 +231,15 @@ def _io_names(manifest: dict, prep: Preprocessing, num_labels: int) -> tuple[str
     image = inputs[0]
     expected = [prep.channels, prep.image_size, prep.image_size]
     if image.get("dtype") != "float32" or list(image.get("shape", []))[1:] != expected:
-        raise ManifestError(f"graph input {image.get('name')!r} is not float32 (batch, {', '.join(map(str, expected))})")
+        raise ManifestError(
+            f"graph input {image.get('name')!r} is not float32 (batch, {', '.join(map(str, expected))})"
+        )
     attention = (manifest.get("attention") or {}).get("output")
     candidates = [
-        o for o in outputs
+        o
+        for o in outputs
         if o.get("name") != attention and len(o.get("shape", [])) == 2 and o["shape"][1] == num_labels
-    ]  # fmt: skip
+    ]
     if len(candidates) != 1:
         raise ManifestError(
             f"expected exactly one (batch, {num_labels}) logits output besides the attention output, "

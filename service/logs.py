@@ -122,15 +122,29 @@ class AccessLog:
         self._timer: asyncio.TimerHandle | None = None
         _ACCESS_LOGS.add(self)
 
-    def log(self, level: int, method: str, path: str, status: int, duration_ms: float, client: str | None,
-            request_id: str | None) -> None:  # fmt: skip
+    def log(
+        self,
+        level: int,
+        method: str,
+        path: str,
+        status: int,
+        duration_ms: float,
+        client: str | None,
+        request_id: str | None,
+    ) -> None:
         logger = self.logger
         if not logger.isEnabledFor(level):
             return
         handler = self._direct_handler()
         if handler is None:
-            logger.log(level, "%s %s %d", method, path, status, extra={
-                "method": method, "path": path, "status": status, "duration_ms": duration_ms, "client": client})  # fmt: skip
+            logger.log(
+                level,
+                "%s %s %d",
+                method,
+                path,
+                status,
+                extra={"method": method, "path": path, "status": status, "duration_ms": duration_ms, "client": client},
+            )
             return
         if self._pending and handler is not self._handler:
             self.flush()

@@ -72,8 +72,15 @@ class RequestContextMiddleware:
             if self.access_log:
                 level = logging.DEBUG if scope["path"] in _QUIET_PATHS else logging.INFO
                 client = scope.get("client")
-                self.access_log.log(level, scope["method"], scope["path"], status, round(elapsed * 1000, 3),
-                                    client[0] if client else None, request_id)  # fmt: skip
+                self.access_log.log(
+                    level,
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    round(elapsed * 1000, 3),
+                    client[0] if client else None,
+                    request_id,
+                )
             unbind_request_id(token)
 
 

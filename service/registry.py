@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.manifest import ManifestError, latest_versions, load_entry, read_manifest
 from service.batching import Batcher, Intake
 from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.classifier import Classifier
 from service.errors import ModelNotFound, ModelNotReady
-from contract.manifest import ManifestError, latest_versions, load_entry, read_manifest
 from service.metrics import Metrics
 from service.runtime import RuntimeUnavailable, create_session
 from service.scheduler import Scheduler
@@ -66,10 +66,16 @@ class ServedModel:
         """The model's entry in ``GET /models``: what a client needs to call it and judge it."""
         m = self.manifest
         out = {
-            "name": self.name, "version": self.version, "task": self.task, "status": self.status.value,
-            "reason": self.reason, "provider": self.provider, "created_at": m.get("created_at"),
-            "labels": m.get("labels"), "evaluation": m.get("evaluation"),
-        }  # fmt: skip
+            "name": self.name,
+            "version": self.version,
+            "task": self.task,
+            "status": self.status.value,
+            "reason": self.reason,
+            "provider": self.provider,
+            "created_at": m.get("created_at"),
+            "labels": m.get("labels"),
+            "evaluation": m.get("evaluation"),
+        }
         if self.classifier is not None:
             p = self.classifier.preprocessing
             out["input"] = {"image_size": p.image_size, "channels": p.channels, "color_mode": p.color_mode}
@@ -80,12 +86,17 @@ class ServedModel:
             out["max_batch_size"] = self.batcher.max_batch_size
         if self.translator is not None:
             out["languages"] = m.get("languages")
-            out["decoding"] = {"default_beam_size": self.translator.default_beam,
-                               "default_length_penalty": self.translator.default_length_penalty}  # fmt: skip
+            out["decoding"] = {
+                "default_beam_size": self.translator.default_beam,
+                "default_length_penalty": self.translator.default_length_penalty,
+            }
             if self.translator.has_attention:
                 att = m.get("attention", {})
-                out["attention"] = {"encoder_layers": att.get("encoder", {}).get("layers"),
-                                    "decoder_layers": self.translator.spec.layers, "heads": self.translator.spec.heads}  # fmt: skip
+                out["attention"] = {
+                    "encoder_layers": att.get("encoder", {}).get("layers"),
+                    "decoder_layers": self.translator.spec.layers,
+                    "heads": self.translator.spec.heads,
+                }
         if self.scheduler is not None:
             out["scheduler"] = self.scheduler.state()
         return out
@@ -153,16 +164,24 @@ class Registry:
                 return
             graphs = entry.manifest["graphs"]
             handle = create_session(model.path / graphs["model"]["file"], self.settings)
-            attention = create_session(model.path / graphs["attention"]["file"], self.settings) if "attention" in graphs else None
+            attention = (
+                create_session(model.path / graphs["attention"]["file"], self.settings)
+                if "attention" in graphs
+                else None
+            )
             model.provider = handle.provider
             model.classifier = Classifier(entry, handle, attention)
             model.status = Status.WARMING
-            log.info("loaded %s on %s; warming up batch sizes 1..%d", model.key, handle.provider,
-                     self.settings.max_batch_size)  # fmt: skip
+            log.info(
+                "loaded %s on %s; warming up batch sizes 1..%d",
+                model.key,
+                handle.provider,
+                self.settings.max_batch_size,
+            )
             model.classifier.warm_up(self.settings.max_batch_size, self._stop.is_set)
         except (ManifestError, RuntimeUnavailable) as e:
             self._fail(model, str(e))
-        except Exception as e:  # onnxruntime raises its own types for unreadable graphs
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types for unreadable graphs
             self._fail(model, f"{type(e).__name__}: {e}")
         finally:
             model.load_seconds = round(time.perf_counter() - started, 3)
@@ -171,37 +190,60 @@ class Registry:
         graphs = entry.manifest["graphs"]
         encoder = create_session(model.path / graphs["encoder"]["file"], self.settings)
         decoder = create_session(model.path / graphs["decoder"]["file"], self.settings)
-        prefix = create_session(model.path / graphs["decoder_prefix"]["file"], self.settings) if "decoder_prefix" in graphs else None
+        prefix = (
+            create_session(model.path / graphs["decoder_prefix"]["file"], self.settings)
+            if "decoder_prefix" in graphs
+            else None
+        )
         model.provider = decoder.provider
         model.translator = Translator(entry, encoder, decoder, prefix)
         model.status = Status.WARMING
-        log.info("loaded %s on %s; warming up up to %d rows", model.key, decoder.provider,
-                 self.settings.max_running_sequences)  # fmt: skip
+        log.info(
+            "loaded %s on %s; warming up up to %d rows",
+            model.key,
+            decoder.provider,
+            self.settings.max_running_sequences,
+        )
         model.translator.warm_up(self.settings.max_running_sequences, self._stop.is_set)
 
     def _start_scheduler(self, model: ServedModel, translator: Translator) -> None:
         s = self.settings
         model.scheduler = Scheduler(
-            model.name, translator, max_running_rows=s.max_running_sequences, max_waiting_rows=s.max_waiting_sequences,
-            retry_after_s=s.retry_after_s, observer=self.metrics.for_decoder(model.name),
+            model.name,
+            translator,
+            max_running_rows=s.max_running_sequences,
+            max_waiting_rows=s.max_waiting_sequences,
+            retry_after_s=s.retry_after_s,
+            observer=self.metrics.for_decoder(model.name),
             static=s.decode_batching == "static",
-        )  # fmt: skip
+        )
         model.scheduler.start()
         self._mark_ready(model)
 
     def _fail(self, model: ServedModel, reason: str) -> None:
         model.status, model.reason, model.classifier, model.translator = Status.FAILED, reason, None, None
-        log.error("model %s failed to load and will not be served: %s", model.key, reason,
-                  extra={"model": model.name, "version": model.version})  # fmt: skip
+        log.error(
+            "model %s failed to load and will not be served: %s",
+            model.key,
+            reason,
+            extra={"model": model.name, "version": model.version},
+        )
 
     def _start_batcher(self, model: ServedModel, classifier: Classifier) -> None:
         s = self.settings
         model.batcher = Batcher(
-            model.name, classifier.forward, prepare=classifier.preprocessing.normalize, finish=classifier.rank,
-            max_batch_size=s.max_batch_size, max_queue_images=s.max_queue_images,
-            max_queue_delay_s=s.max_queue_delay_ms / 1000.0, retry_after_s=s.retry_after_s,
-            instances=s.model_instances, intake=self.intake, observer=self.metrics.for_model(model.name),
-        )  # fmt: skip
+            model.name,
+            classifier.forward,
+            prepare=classifier.preprocessing.normalize,
+            finish=classifier.rank,
+            max_batch_size=s.max_batch_size,
+            max_queue_images=s.max_queue_images,
+            max_queue_delay_s=s.max_queue_delay_ms / 1000.0,
+            retry_after_s=s.retry_after_s,
+            instances=s.model_instances,
+            intake=self.intake,
+            observer=self.metrics.for_model(model.name),
+        )
         model.batcher.start()
         self._mark_ready(model)
 
@@ -209,8 +251,13 @@ class Registry:
         model.status = Status.READY
         self.metrics.provider.labels(model.name, model.version, model.provider).set(1)
         self.metrics.ready.labels(model.name, model.version).set(1)
-        log.info("model %s ready on %s (loaded and warmed up in %.2f s)", model.key, model.provider,
-                 model.load_seconds or 0.0, extra={"model": model.name, "provider": model.provider})  # fmt: skip
+        log.info(
+            "model %s ready on %s (loaded and warmed up in %.2f s)",
+            model.key,
+            model.provider,
+            model.load_seconds or 0.0,
+            extra={"model": model.name, "provider": model.provider},
+        )
 
     def stop_loading(self) -> None:
         """Make a warm-up still running in its thread give up between two batch sizes."""
@@ -235,8 +282,11 @@ class Registry:
             return False, [self.repository_error]
         if not self.loaded and not self.models:
             return False, ["loading the model repository"]
-        reasons = [f"{m.key}: {m.status.value}" + (f" ({m.reason})" if m.reason else "")
-                   for m in self.models.values() if m.status not in (Status.READY, Status.UNSUPPORTED)]  # fmt: skip
+        reasons = [
+            f"{m.key}: {m.status.value}" + (f" ({m.reason})" if m.reason else "")
+            for m in self.models.values()
+            if m.status not in (Status.READY, Status.UNSUPPORTED)
+        ]
         if self.loaded and not self.servable():
             reasons.append(f"no model in {self.settings.model_repository} has a task this service serves")
         return not reasons, reasons
@@ -253,7 +303,9 @@ class Registry:
         model = self.models.get(wanted) if wanted else None
         if model is None:
             if not self.loaded:
-                raise ModelNotReady("models are still loading", headers={"Retry-After": str(self.settings.retry_after_s)})
+                raise ModelNotReady(
+                    "models are still loading", headers={"Retry-After": str(self.settings.retry_after_s)}
+                )
             known = ", ".join(sorted(self.models)) or "none"
             raise ModelNotFound(f"no model named {wanted!r} (loaded models: {known})" if wanted else "no model loaded")
         if model.task is not None and model.task != task:

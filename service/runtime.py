@@ -78,7 +78,11 @@ def intra_op_threads(settings: Settings) -> int:
     the requests of two, at half the single-client latency)."""
     if settings.intra_op_threads:
         return settings.intra_op_threads
-    return max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else max(1, (os.cpu_count() or 2) - 1)
+    return (
+        max(1, len(os.sched_getaffinity(0)) - 1)
+        if hasattr(os, "sched_getaffinity")
+        else max(1, (os.cpu_count() or 2) - 1)
+    )
 
 
 def session_options(settings: Settings) -> ort.SessionOptions:
@@ -95,9 +99,7 @@ def session_options(settings: Settings) -> ort.SessionOptions:
 
 def create_session(graph: Path, settings: Settings) -> SessionHandle:
     """An inference session for ``graph`` with the provider actually obtained; raises if a GPU was required."""
-    session = ort.InferenceSession(
-        str(graph), session_options(settings), providers=requested_providers(settings)
-    )
+    session = ort.InferenceSession(str(graph), session_options(settings), providers=requested_providers(settings))
     provider = session.get_providers()[0]
     if settings.require_gpu and provider != CUDA:
         raise RuntimeUnavailable(

@@ -67,8 +67,17 @@ class Ticket:
 
 
 class Scheduler:
-    def __init__(self, name: str, translator: Translator, *, max_running_rows: int, max_waiting_rows: int,
-                 retry_after_s: int = 1, observer: DecodeObserver | None = None, static: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        translator: Translator,
+        *,
+        max_running_rows: int,
+        max_waiting_rows: int,
+        retry_after_s: int = 1,
+        observer: DecodeObserver | None = None,
+        static: bool = False,
+    ) -> None:
         if max_running_rows < 1 or max_waiting_rows < 1:
             raise ValueError("max_running_rows and max_waiting_rows must be >= 1")
         self.name = name
@@ -97,8 +106,11 @@ class Scheduler:
             raise InvalidField(f"beam_size exceeds the {self.max_running_rows} rows this model decodes at once")
         if self.waiting_rows + rows > self.max_waiting_rows:
             self._observer.rejected()
-            raise Overloaded(f"model {self.name} has {self.waiting_rows} sequences waiting (bound "
-                             f"{self.max_waiting_rows}); retry later", headers={"Retry-After": self._retry_after})  # fmt: skip
+            raise Overloaded(
+                f"model {self.name} has {self.waiting_rows} sequences waiting (bound "
+                f"{self.max_waiting_rows}); retry later",
+                headers={"Retry-After": self._retry_after},
+            )
         loop = asyncio.get_running_loop()
         tickets = [Ticket(r, loop.create_future(), asyncio.Queue() if stream else None) for r in requests]
         self._waiting.extend(tickets)
@@ -109,9 +121,14 @@ class Scheduler:
 
     def state(self) -> dict:
         """What runs and waits now: for ``GET /models`` and for tests."""
-        return {"running_sequences": len(self._running), "running_rows": self.running_rows,
-                "waiting_sequences": len(self._waiting), "waiting_rows": self.waiting_rows,
-                "max_running_rows": self.max_running_rows, "max_waiting_rows": self.max_waiting_rows}  # fmt: skip
+        return {
+            "running_sequences": len(self._running),
+            "running_rows": self.running_rows,
+            "waiting_sequences": len(self._waiting),
+            "waiting_rows": self.waiting_rows,
+            "max_running_rows": self.max_running_rows,
+            "max_waiting_rows": self.max_waiting_rows,
+        }
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"scheduler-{self.name}")
@@ -122,7 +139,9 @@ class Scheduler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._fail(list(self._waiting) + list(self._running.values()), ShuttingDown(f"model {self.name} is shutting down"))
+        self._fail(
+            list(self._waiting) + list(self._running.values()), ShuttingDown(f"model {self.name} is shutting down")
+        )
         self._waiting.clear()
         await asyncio.to_thread(self._executor.shutdown, wait=True)
 
@@ -160,8 +179,9 @@ class Scheduler:
             batch = await self._hop(loop, batch, joining)
             self._observer.occupancy(self.running_rows, self.waiting_rows)
 
-    def _work(self, batch: DecodeBatch | None, joining: list[Request], streaming: bool) -> tuple[
-            BaseException | None, list[Request], DecodeBatch | None, list[tuple[int, float, int, float]]]:  # fmt: skip
+    def _work(
+        self, batch: DecodeBatch | None, joining: list[Request], streaming: bool
+    ) -> tuple[BaseException | None, list[Request], DecodeBatch | None, list[tuple[int, float, int, float]]]:
         """One hop of the worker thread: encode the joining requests onto the batch, then decoder steps.
 
         Returns (the encoder's error, if it failed: only the joining requests fail), then ``_steps``'s
@@ -180,7 +200,9 @@ class Scheduler:
             return error, [], None, []
         return (error, *self._steps(batch, streaming))
 
-    def _steps(self, batch: DecodeBatch, streaming: bool) -> tuple[list[Request], DecodeBatch, list[tuple[int, float, int, float]]]:
+    def _steps(
+        self, batch: DecodeBatch, streaming: bool
+    ) -> tuple[list[Request], DecodeBatch, list[tuple[int, float, int, float]]]:
         """Decoder steps on the worker thread until the event loop has something to do: a request
         finished or was cancelled, requests wait to join, a stream has a token to send (or its
         first), or ``MAX_STEPS_PER_HOP`` / ``MAX_HOP_SECONDS`` ran out. One thread hop per such
@@ -194,7 +216,14 @@ class Scheduler:
             now = time.perf_counter()
             steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished), now))
             joinable = bool(self._waiting) and not self.static  # read across threads: a deque's length is atomic
-            if finished or not len(batch) or streaming or joinable or len(steps) >= MAX_STEPS_PER_HOP or now >= deadline:
+            if (
+                finished
+                or not len(batch)
+                or streaming
+                or joinable
+                or len(steps) >= MAX_STEPS_PER_HOP
+                or now >= deadline
+            ):
                 return finished, batch, steps
 
     async def _hop(self, loop, batch: DecodeBatch | None, joining: list[Ticket]) -> DecodeBatch | None:
@@ -205,7 +234,8 @@ class Scheduler:
         streaming = any(t.events is not None for t in self._running.values())
         try:
             error, finished, batch, steps = await loop.run_in_executor(
-                self._executor, self._work, batch, [t.request for t in joining], streaming)  # fmt: skip
+                self._executor, self._work, batch, [t.request for t in joining], streaming
+            )
         except asyncio.CancelledError:
             raise  # stop() fails what runs and waits
         except Exception:
@@ -216,8 +246,12 @@ class Scheduler:
             self._fail(tickets, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
             return None
         if error is not None:
-            log.error("encoder failed in model %s; failing the %d requests that were joining", self.name, len(joining),
-                      exc_info=error)  # fmt: skip
+            log.error(
+                "encoder failed in model %s; failing the %d requests that were joining",
+                self.name,
+                len(joining),
+                exc_info=error,
+            )
             for t in joining:
                 self._running.pop(t.request.id, None)
             self.running_rows -= sum(t.request.beam for t in joining)
@@ -235,8 +269,12 @@ class Scheduler:
                 self._observer.cancelled()
             else:
                 tokens = len(req.results()[0].tokens)
-                self._observer.finished(tokens, now - (ticket.started_at or now), (ticket.started_at or now) - ticket.enqueued_at,
-                                        (ticket.first_token_at or now) - ticket.enqueued_at)  # fmt: skip
+                self._observer.finished(
+                    tokens,
+                    now - (ticket.started_at or now),
+                    (ticket.started_at or now) - ticket.enqueued_at,
+                    (ticket.first_token_at or now) - ticket.enqueued_at,
+                )
             self._stream(ticket, now, finished=True)
             self._resolve(ticket)
         if batch is None or not len(batch):

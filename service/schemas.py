@@ -17,8 +17,9 @@ class ClassifyOptions(BaseModel):
         None, min_length=1, max_length=200, description="Model name (default: the service's default classifier)."
     )
     return_attention: bool = Field(
-        False, description="Also answer, per image, an `attention_id` (for `GET /attention/{id}`) and the class "
-        "token's attention rollout over the patch grid."
+        False,
+        description="Also answer, per image, an `attention_id` (for `GET /attention/{id}`) and the class "
+        "token's attention rollout over the patch grid.",
     )
     rollout_fusion: Literal["mean", "max"] = Field(
         "mean", description="How the rollout fuses each layer's heads: their mean or their element-wise max."
@@ -49,12 +50,16 @@ class RolloutSummary(BaseModel):
     kind: Literal["rollout"] = "rollout"
     fusion: Literal["mean", "max"]
     grid: list[int] = Field(description="[grid_h, grid_w]: the patch grid.")
-    rollout: list[list[float]] = Field(description="grid_h x grid_w: the class token's attention rollout over the patches.")
+    rollout: list[list[float]] = Field(
+        description="grid_h x grid_w: the class token's attention rollout over the patches."
+    )
 
 
 class ImageResult(BaseModel):
     top_k: list[LabelScore]
-    attention_id: str | None = Field(None, description="With return_attention: the id of the full maps (null if the store failed).")
+    attention_id: str | None = Field(
+        None, description="With return_attention: the id of the full maps (null if the store failed)."
+    )
     attention: RolloutSummary | None = None
     attention_error: AttentionError | None = None
 
@@ -70,15 +75,27 @@ class TranslateRequest(BaseModel):
 
     text: str | None = Field(None, description="One English text (or use `texts`).")
     texts: list[str] | None = Field(None, min_length=1, description="Several texts, translated together.")
-    model: str | None = Field(None, min_length=1, max_length=200, description="Model name (default: the first translation model).")
+    model: str | None = Field(
+        None, min_length=1, max_length=200, description="Model name (default: the first translation model)."
+    )
     beam_size: int = Field(1, ge=1, description="1: greedy decoding; up to the service's `max_beam_size` (8).")
-    length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="Beam hypotheses are ranked by score / length**length_penalty.")
+    length_penalty: float = Field(
+        1.0, ge=0.0, le=5.0, description="Beam hypotheses are ranked by score / length**length_penalty."
+    )
     num_return_sequences: int = Field(1, ge=1, description="n-best list size (at most `beam_size`); > 1 adds `nbest`.")
-    max_new_tokens: int | None = Field(None, ge=1, description="Generated-token limit (default: 1.5 x source tokens + 10, capped).")
-    return_attention: bool = Field(False, description="Also answer, per text, an `attention_id` and the source-target "
-                                   "alignment of the returned translation.")
-    stream: bool = Field(False, description="Answer `text/event-stream`: a `token` event per generated token "
-                         "(greedy), then a `done` event with the full result. One text only.")
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Generated-token limit (default: 1.5 x source tokens + 10, capped)."
+    )
+    return_attention: bool = Field(
+        False,
+        description="Also answer, per text, an `attention_id` and the source-target "
+        "alignment of the returned translation.",
+    )
+    stream: bool = Field(
+        False,
+        description="Answer `text/event-stream`: a `token` event per generated token "
+        "(greedy), then a `done` event with the full result. One text only.",
+    )
 
     @model_validator(mode="after")
     def _one_of_text_or_texts(self) -> TranslateRequest:
@@ -112,7 +129,9 @@ class TranslationResult(BaseModel):
     target_tokens: list[str]
     finished: bool
     nbest: list[Hypothesis] | None = Field(None, description="Best first; only when num_return_sequences > 1.")
-    attention_id: str | None = Field(None, description="With return_attention: the id of the full maps (null if the store failed).")
+    attention_id: str | None = Field(
+        None, description="With return_attention: the id of the full maps (null if the store failed)."
+    )
     attention: AlignmentSummary | None = None
     attention_error: AttentionError | None = None
 

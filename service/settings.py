@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     # --- model repository and runtime ---------------------------------------------------------
     model_repository: Path = Field(Path("models"), description="Root of the model repository (`<name>/<version>/`).")
     default_model: str | None = Field(
-        None, description="Classifier used when a /classify request names none (default: the first image-classification model)."
+        None,
+        description="Classifier used when a /classify request names none (default: the first image-classification model).",
     )
     execution_provider: ExecutionProvider = Field(
         "auto", description="`auto`: CUDA when onnxruntime offers it, else CPU; `cuda` or `cpu` to force."
@@ -100,8 +101,9 @@ class Settings(BaseSettings):
         512, ge=1, description="Translation: most decoder rows waiting to join the running batch (503 beyond)."
     )
     decode_batching: Literal["continuous", "static"] = Field(
-        "continuous", description="Translation: `continuous` (requests join and leave between steps) or `static` "
-        "(a batch is formed when the previous one has finished; for comparison)."
+        "continuous",
+        description="Translation: `continuous` (requests join and leave between steps) or `static` "
+        "(a batch is formed when the previous one has finished; for comparison).",
     )
     max_texts_per_request: int = Field(32, ge=1, description="Translation: most texts in one request (422 beyond).")
     max_text_chars: int = Field(2000, ge=1, description="Translation: longest text in characters (413 beyond).")
@@ -120,12 +122,18 @@ class Settings(BaseSettings):
 
     # --- attention store ----------------------------------------------------------------------
     attention_store: Literal["memory", "redis"] = Field(
-        "memory", description="Where attention maps asked for are kept: `memory` (this process) or `redis` "
-        "(shared by every replica that uses the same Redis)."
+        "memory",
+        description="Where attention maps asked for are kept: `memory` (this process) or `redis` "
+        "(shared by every replica that uses the same Redis).",
     )
-    redis_url: str = Field("redis://localhost:6379/0", min_length=1, description="Redis of the `redis` attention store.")
+    redis_url: str = Field(
+        "redis://localhost:6379/0", min_length=1, description="Redis of the `redis` attention store."
+    )
     redis_timeout_s: float = Field(
-        0.5, gt=0.0, le=60.0, description="Connect/read timeout of each Redis call; past it the store counts as unreachable."
+        0.5,
+        gt=0.0,
+        le=60.0,
+        description="Connect/read timeout of each Redis call; past it the store counts as unreachable.",
     )
     attention_ttl_s: int = Field(600, ge=1, le=7 * 86400, description="Seconds an attention id stays retrievable.")
     attention_max_bytes: int = Field(

@@ -13,12 +13,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract.decoding import (
-    DecodeBatch, DecoderSpec, Graph, Hypothesis, Request, decoder_inputs, decoding_outputs, pad_sources, session_fn, step,
-)  # fmt: skip
-from service.errors import InvalidField, TextTooLong
+    DecodeBatch,
+    DecoderSpec,
+    Graph,
+    Hypothesis,
+    Request,
+    decoder_inputs,
+    decoding_outputs,
+    pad_sources,
+    session_fn,
+    step,
+)
 from contract.manifest import Entry, ManifestError
-from service.runtime import SessionHandle
 from contract.tokenizer import Tokenizer, TokenizerError, normalize_text
+from service.errors import InvalidField, TextTooLong
+from service.runtime import SessionHandle
 
 TASK = "translation"
 
@@ -31,8 +40,9 @@ class Limits:
 
 
 class Translator:
-    def __init__(self, entry: Entry, encoder: SessionHandle, decoder: SessionHandle,
-                 prefix: SessionHandle | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, entry: Entry, encoder: SessionHandle, decoder: SessionHandle, prefix: SessionHandle | None = None
+    ) -> None:
         m = entry.manifest
         self.name, self.version = entry.name, entry.version
         try:
@@ -50,8 +60,10 @@ class Translator:
         missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
         missing |= set(outputs["decoder"]) - {o.name for o in decoder.session.get_outputs()}
         if missing:
-            raise ManifestError(f"{entry.path}: decoder.onnx lacks {sorted(missing)} (an export from before per-layer "
-                                "cache buffers?); re-export it with `python -m export.translator`")  # fmt: skip
+            raise ManifestError(
+                f"{entry.path}: decoder.onnx lacks {sorted(missing)} (an export from before per-layer "
+                "cache buffers?); re-export it with `python -m export.translator`"
+            )
         self.encoder: Graph = session_fn(encoder.session, outputs["encoder"])
         self.decoder: Graph = session_fn(decoder.session, outputs["decoder"])
         self.provider = encoder.provider
@@ -65,14 +77,24 @@ class Translator:
     def has_attention(self) -> bool:
         return self._prefix is not None
 
-    def requests(self, texts: list[str], *, limits: Limits, beam_size: int, length_penalty: float,
-                 num_return_sequences: int, max_new_tokens: int | None) -> list[Request]:  # fmt: skip
+    def requests(
+        self,
+        texts: list[str],
+        *,
+        limits: Limits,
+        beam_size: int,
+        length_penalty: float,
+        num_return_sequences: int,
+        max_new_tokens: int | None,
+    ) -> list[Request]:
         """Tokenise and validate every text; one decoding request each."""
         if num_return_sequences > beam_size:
             raise InvalidField(f"num_return_sequences ({num_return_sequences}) cannot exceed beam_size ({beam_size})")
         if max_new_tokens is not None and max_new_tokens > min(limits.max_new_tokens, self.spec.max_positions):
-            raise InvalidField(f"max_new_tokens {max_new_tokens} exceeds the limit of "
-                               f"{min(limits.max_new_tokens, self.spec.max_positions)}")  # fmt: skip
+            raise InvalidField(
+                f"max_new_tokens {max_new_tokens} exceeds the limit of "
+                f"{min(limits.max_new_tokens, self.spec.max_positions)}"
+            )
         for i, text in enumerate(texts):
             if len(text) > limits.max_chars:
                 raise TextTooLong(f"texts[{i}] has {len(text)} characters; the limit is {limits.max_chars}")
@@ -81,13 +103,20 @@ class Translator:
         sources = self.tokenizer.encode_batch(texts, add_eos=True)
         for i, ids in enumerate(sources):
             if len(ids) > min(limits.max_source_tokens, self.spec.max_positions):
-                raise TextTooLong(f"texts[{i}] is {len(ids)} tokens long; the limit is "
-                                  f"{min(limits.max_source_tokens, self.spec.max_positions)}")  # fmt: skip
+                raise TextTooLong(
+                    f"texts[{i}] is {len(ids)} tokens long; the limit is "
+                    f"{min(limits.max_source_tokens, self.spec.max_positions)}"
+                )
         return [
-            Request(ids, max_new_tokens or min(self.spec.max_length(len(ids)), limits.max_new_tokens), beam=beam_size,
-                    length_penalty=length_penalty, num_return=num_return_sequences)
+            Request(
+                ids,
+                max_new_tokens or min(self.spec.max_length(len(ids)), limits.max_new_tokens),
+                beam=beam_size,
+                length_penalty=length_penalty,
+                num_return=num_return_sequences,
+            )
             for ids in sources
-        ]  # fmt: skip
+        ]
 
     def start(self, requests: list[Request]) -> DecodeBatch:
         return DecodeBatch.start(requests, self.encoder, self.spec)
@@ -125,14 +154,19 @@ class Translator:
         tgt = np.full((len(hypotheses), max(rows)), spec.pad_id, dtype=np.int64)
         for i, (h, n) in enumerate(zip(hypotheses, rows)):
             tgt[i, :n] = [spec.bos_id, *h.tokens][:n]
-        dec = self._prefix({"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"],
-                            "src_mask": mask})  # fmt: skip
+        dec = self._prefix(
+            {"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": mask}
+        )
         out = []
         for i, (src, n) in enumerate(zip(sources, rows)):
             s = len(src)
-            out.append({"encoder_self_attention": enc["encoder_attentions"][i, :, :, :s, :s],
-                        "decoder_self_attention": dec["self_attentions"][i, :, :, :n, :n],
-                        "cross_attention": dec["cross_attentions"][i, :, :, :n, :s]})  # fmt: skip
+            out.append(
+                {
+                    "encoder_self_attention": enc["encoder_attentions"][i, :, :, :s, :s],
+                    "decoder_self_attention": dec["self_attentions"][i, :, :, :n, :n],
+                    "cross_attention": dec["cross_attentions"][i, :, :, :n, :s],
+                }
+            )
         return out
 
     def target_pieces(self, h: Hypothesis) -> tuple[list[str], list[str]]:
@@ -142,8 +176,12 @@ class Translator:
         return generated, self.tokenizer.pieces([spec.bos_id, *h.tokens])[: len(generated)]
 
     def hypothesis(self, h: Hypothesis, length_penalty: float) -> dict:
-        return {"translation": self.tokenizer.decode(h.tokens), "score": h.score,
-                "normalized_score": h.ranking(length_penalty), "finished": h.finished}  # fmt: skip
+        return {
+            "translation": self.tokenizer.decode(h.tokens),
+            "score": h.score,
+            "normalized_score": h.ranking(length_penalty),
+            "finished": h.finished,
+        }
 
     def result(self, req: Request, nbest: bool) -> dict:
         best = req.results()

@@ -16,7 +16,13 @@ def run_module(module: str, *args: str, timeout: float = 600) -> subprocess.Comp
     """Run one of the project's CLIs the way a user does (``python -m ...``) and capture its output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -32,8 +38,16 @@ def tiny_vit_checkpoint(tmp_path_factory) -> Path:
 def tiny_vit_repository(tiny_vit_checkpoint, tmp_path_factory) -> Path:
     """A model repository ``<tmp>/models/vit/1`` holding the tiny ViT, exported and parity-checked."""
     repo = tmp_path_factory.mktemp("repo") / "models"
-    proc = run_module("export.vit", "--checkpoint", str(tiny_vit_checkpoint), "--repository", str(repo),
-                      "--version", "1", "--no-progress")  # fmt: skip
+    proc = run_module(
+        "export.vit",
+        "--checkpoint",
+        str(tiny_vit_checkpoint),
+        "--repository",
+        str(repo),
+        "--version",
+        "1",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     return repo
 
@@ -69,8 +83,18 @@ def tiny_translation_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_translator_checkpoint(tiny_translation_data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("translator-tiny")
-    proc = run_module("model.train_translator", "--profile", "tiny", "--data", str(tiny_translation_data),
-                      "--out", str(out), "--epochs", "3", "--no-progress")  # fmt: skip
+    proc = run_module(
+        "model.train_translator",
+        "--profile",
+        "tiny",
+        "--data",
+        str(tiny_translation_data),
+        "--out",
+        str(out),
+        "--epochs",
+        "3",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     return out / "best.pt"
 
@@ -79,7 +103,17 @@ def tiny_translator_checkpoint(tiny_translation_data, tmp_path_factory) -> Path:
 def tiny_translator_repository(tiny_translator_checkpoint, tmp_path_factory) -> Path:
     """A model repository ``<tmp>/models/translator/1``: the tiny translator, exported and parity-checked."""
     repo = tmp_path_factory.mktemp("repo") / "models"
-    proc = run_module("export.translator", "--checkpoint", str(tiny_translator_checkpoint), "--repository", str(repo),
-                      "--version", "1", "--parity-sentences", "20", "--no-progress")  # fmt: skip
+    proc = run_module(
+        "export.translator",
+        "--checkpoint",
+        str(tiny_translator_checkpoint),
+        "--repository",
+        str(repo),
+        "--version",
+        "1",
+        "--parity-sentences",
+        "20",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     return repo

@@ -41,11 +41,7 @@ def imported_roots(path: Path) -> set[str]:
 def test_package_imports_nothing_it_must_not(package):
     files = sorted((ROOT / package).rglob("*.py"))
     assert files, f"no Python files under {package}/"
-    broken = {
-        str(f.relative_to(ROOT)): sorted(bad)
-        for f in files
-        if (bad := imported_roots(f) & FORBIDDEN[package])
-    }
+    broken = {str(f.relative_to(ROOT)): sorted(bad) for f in files if (bad := imported_roots(f) & FORBIDDEN[package])}
     assert broken == {}
 
 

@@ -66,4 +66,4 @@ __all__ = [
     "TranslationStream",
     "UnsupportedMediaTypeError",
     "__version__",
-]  # fmt: skip
+]

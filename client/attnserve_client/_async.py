@@ -30,40 +30,82 @@ class AsyncClient(BaseClient):
     """The asyncio twin of ``Client``: the same arguments and methods, awaited; ``async with`` closes it."""
 
     def __init__(
-        self, *, base_url: str | None = None, api_key: str | None = None, timeout: float | httpx.Timeout | None = None,
-        max_retries: int | None = None, http_client: httpx.AsyncClient | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout | None = None,
+        max_retries: int | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient()
         self._sleep = asyncio.sleep
 
     async def classify(
-        self, images: ImageInput | Sequence[ImageInput], *, top_k: int = 5, model: str | None = None,
-        return_attention: bool = False, rollout_fusion: RolloutFusion | None = None,
-    ) -> ClassifyResponse:  # fmt: skip
-        return await self._call(_calls.classify(images, top_k=top_k, model=model, return_attention=return_attention,
-                                                rollout_fusion=rollout_fusion))  # fmt: skip
+        self,
+        images: ImageInput | Sequence[ImageInput],
+        *,
+        top_k: int = 5,
+        model: str | None = None,
+        return_attention: bool = False,
+        rollout_fusion: RolloutFusion | None = None,
+    ) -> ClassifyResponse:
+        return await self._call(
+            _calls.classify(
+                images, top_k=top_k, model=model, return_attention=return_attention, rollout_fusion=rollout_fusion
+            )
+        )
 
     async def translate(
-        self, text_or_texts: str | Sequence[str], *, beam_size: int | None = None, max_new_tokens: int | None = None,
-        num_return_sequences: int | None = None, length_penalty: float | None = None, model: str | None = None,
+        self,
+        text_or_texts: str | Sequence[str],
+        *,
+        beam_size: int | None = None,
+        max_new_tokens: int | None = None,
+        num_return_sequences: int | None = None,
+        length_penalty: float | None = None,
+        model: str | None = None,
         return_attention: bool = False,
-    ) -> TranslateResponse:  # fmt: skip
-        return await self._call(_calls.translate(
-            text_or_texts, beam_size=beam_size, max_new_tokens=max_new_tokens, length_penalty=length_penalty,
-            num_return_sequences=num_return_sequences, model=model, return_attention=return_attention,
-        ))  # fmt: skip
+    ) -> TranslateResponse:
+        return await self._call(
+            _calls.translate(
+                text_or_texts,
+                beam_size=beam_size,
+                max_new_tokens=max_new_tokens,
+                length_penalty=length_penalty,
+                num_return_sequences=num_return_sequences,
+                model=model,
+                return_attention=return_attention,
+            )
+        )
 
     async def translate_stream(
-        self, text: str, *, beam_size: int | None = None, max_new_tokens: int | None = None,
-        num_return_sequences: int | None = None, length_penalty: float | None = None, model: str | None = None,
+        self,
+        text: str,
+        *,
+        beam_size: int | None = None,
+        max_new_tokens: int | None = None,
+        num_return_sequences: int | None = None,
+        length_penalty: float | None = None,
+        model: str | None = None,
         return_attention: bool = False,
-    ) -> AsyncTranslationStream:  # fmt: skip
-        return AsyncTranslationStream(await self._send(_calls.translate(
-            text, beam_size=beam_size, max_new_tokens=max_new_tokens, length_penalty=length_penalty,
-            num_return_sequences=num_return_sequences, model=model, return_attention=return_attention, stream=True,
-        )))  # fmt: skip
+    ) -> AsyncTranslationStream:
+        return AsyncTranslationStream(
+            await self._send(
+                _calls.translate(
+                    text,
+                    beam_size=beam_size,
+                    max_new_tokens=max_new_tokens,
+                    length_penalty=length_penalty,
+                    num_return_sequences=num_return_sequences,
+                    model=model,
+                    return_attention=return_attention,
+                    stream=True,
+                )
+            )
+        )
 
     async def attention(
         self,

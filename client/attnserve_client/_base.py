@@ -73,9 +73,13 @@ class BaseClient:
     """Settings (keyword arguments, else environment variables, else defaults) and the I/O-free steps."""
 
     def __init__(
-        self, *, base_url: str | None, api_key: str | None, timeout: float | httpx.Timeout | None,
+        self,
+        *,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float | httpx.Timeout | None,
         max_retries: int | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.base_url = (base_url or os.environ.get("ATTNSERVE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
@@ -93,18 +97,28 @@ class BaseClient:
 
     def _build_request(self, http: httpx.Client | httpx.AsyncClient, call: Call[Any]) -> httpx.Request:
         """The request of ``call``; one request id for all its attempts, so the server logs tie them together."""
-        headers = {"Accept": call.accept, "User-Agent": f"attnserve-client/{__version__}",
-                   "X-Request-ID": uuid.uuid4().hex}  # fmt: skip
+        headers = {
+            "Accept": call.accept,
+            "User-Agent": f"attnserve-client/{__version__}",
+            "X-Request-ID": uuid.uuid4().hex,
+        }
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         params = {k: v for k, v in (call.params or {}).items() if v is not None}
         return http.build_request(
-            call.method, self.base_url + call.path, params=params, json=call.json, files=call.files, data=call.data,
-            headers=headers, timeout=self.timeout,
-        )  # fmt: skip
+            call.method,
+            self.base_url + call.path,
+            params=params,
+            json=call.json,
+            files=call.files,
+            data=call.data,
+            headers=headers,
+            timeout=self.timeout,
+        )
 
-    def _answer_or_delay(self, call: Call[Any], request: httpx.Request, outcome: httpx.Response | httpx.TransportError,
-                         attempt: int) -> httpx.Response | float:  # fmt: skip
+    def _answer_or_delay(
+        self, call: Call[Any], request: httpx.Request, outcome: httpx.Response | httpx.TransportError, attempt: int
+    ) -> httpx.Response | float:
         """The answer, or the seconds to wait before retrying, or raise the error of ``outcome``.
 
         An error response must have been read (streamed calls read error bodies before coming here).
@@ -120,8 +134,15 @@ class BaseClient:
         delay = self.retry_policy.delay(attempt, error.retry_after) if call.retry and retryable else None
         if delay is None or attempt >= self.max_retries:
             raise error from (outcome if isinstance(outcome, httpx.TransportError) else None)
-        log.info("%s %s: %s; retry %d of %d in %.2f s", request.method, request.url.path, error, attempt + 1,
-                 self.max_retries, delay)  # fmt: skip
+        log.info(
+            "%s %s: %s; retry %d of %d in %.2f s",
+            request.method,
+            request.url.path,
+            error,
+            attempt + 1,
+            self.max_retries,
+            delay,
+        )
         return delay
 
 

@@ -21,7 +21,7 @@ from attnserve_client.types import (
     ModelInfo,
     Readiness,
     TranslateResponse,
-)  # fmt: skip
+)
 
 M = TypeVar("M", bound=BaseModel)
 RolloutFusion = Literal["mean", "max"]
@@ -44,24 +44,48 @@ def _given(**fields: Any) -> dict[str, Any]:
 
 
 def classify(
-    images: ImageInput | Sequence[ImageInput], *, top_k: int, model: str | None, return_attention: bool,
+    images: ImageInput | Sequence[ImageInput],
+    *,
+    top_k: int,
+    model: str | None,
+    return_attention: bool,
     rollout_fusion: RolloutFusion | None,
-) -> Call[ClassifyResponse]:  # fmt: skip
+) -> Call[ClassifyResponse]:
     """Images go as multipart ``file`` parts: no base64 inflation, and encoded files are sent untouched."""
     form = _given(top_k=top_k, model=model, return_attention=return_attention, rollout_fusion=rollout_fusion)
-    return Call("POST", "/classify", _parser(ClassifyResponse), files=[("file", u) for u in uploads(images)],
-                data={k: _form_value(v) for k, v in form.items()})  # fmt: skip
+    return Call(
+        "POST",
+        "/classify",
+        _parser(ClassifyResponse),
+        files=[("file", u) for u in uploads(images)],
+        data={k: _form_value(v) for k, v in form.items()},
+    )
 
 
 def translate(
-    text_or_texts: str | Sequence[str], *, beam_size: int | None, max_new_tokens: int | None,
-    num_return_sequences: int | None, length_penalty: float | None, model: str | None, return_attention: bool,
+    text_or_texts: str | Sequence[str],
+    *,
+    beam_size: int | None,
+    max_new_tokens: int | None,
+    num_return_sequences: int | None,
+    length_penalty: float | None,
+    model: str | None,
+    return_attention: bool,
     stream: bool = False,
-) -> Call[Any]:  # fmt: skip
+) -> Call[Any]:
     texts = {"text": text_or_texts} if isinstance(text_or_texts, str) else {"texts": list(text_or_texts)}
-    body = {**texts, **_given(beam_size=beam_size, max_new_tokens=max_new_tokens, model=model, stream=stream,
-                              num_return_sequences=num_return_sequences, length_penalty=length_penalty,
-                              return_attention=return_attention)}  # fmt: skip
+    body = {
+        **texts,
+        **_given(
+            beam_size=beam_size,
+            max_new_tokens=max_new_tokens,
+            model=model,
+            stream=stream,
+            num_return_sequences=num_return_sequences,
+            length_penalty=length_penalty,
+            return_attention=return_attention,
+        ),
+    }
     if stream:
         return Call("POST", "/translate", lambda response: response, json=body, accept="text/event-stream", stream=True)
     return Call("POST", "/translate", _parser(TranslateResponse), json=body)
@@ -70,15 +94,24 @@ def translate(
 def attention(
     attention_id: str, *, layer: int | None, head: int | None, kind: str | None, fusion: RolloutFusion | None
 ) -> Call[Attention]:
-    return Call("GET", f"/attention/{quote(attention_id, safe='')}", _parser(Attention),
-                params={"layer": layer, "head": head, "kind": kind, "fusion": fusion, "format": "json"})  # fmt: skip
+    return Call(
+        "GET",
+        f"/attention/{quote(attention_id, safe='')}",
+        _parser(Attention),
+        params={"layer": layer, "head": head, "kind": kind, "fusion": fusion, "format": "json"},
+    )
 
 
 def attention_png(
     attention_id: str, *, layer: int | None, head: int | None, kind: str | None, fusion: RolloutFusion | None
 ) -> Call[bytes]:
-    return Call("GET", f"/attention/{quote(attention_id, safe='')}.png", lambda response: response.content,
-                params={"layer": layer, "head": head, "kind": kind, "fusion": fusion}, accept="image/png")  # fmt: skip
+    return Call(
+        "GET",
+        f"/attention/{quote(attention_id, safe='')}.png",
+        lambda response: response.content,
+        params={"layer": layer, "head": head, "kind": kind, "fusion": fusion},
+        accept="image/png",
+    )
 
 
 def models() -> Call[list[ModelInfo]]:

@@ -84,8 +84,10 @@ def encode_png(pixels: numpy.ndarray) -> bytes:
     import numpy as np
 
     if pixels.dtype != np.uint8:
-        raise ValueError(f"image arrays must be uint8 (0-255), got {pixels.dtype}; "
-                         "for floats in [0, 1] send (x * 255).round().astype('uint8')")  # fmt: skip
+        raise ValueError(
+            f"image arrays must be uint8 (0-255), got {pixels.dtype}; "
+            "for floats in [0, 1] send (x * 255).round().astype('uint8')"
+        )
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     if pixels.ndim != 3 or pixels.shape[2] not in _PNG_COLOR_TYPES:

@@ -34,53 +34,95 @@ class Client(BaseClient):
     """
 
     def __init__(
-        self, *, base_url: str | None = None, api_key: str | None = None, timeout: float | httpx.Timeout | None = None,
-        max_retries: int | None = None, http_client: httpx.Client | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout | None = None,
+        max_retries: int | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
         self._owns_http = http_client is None
         self._http = http_client or httpx.Client()
         self._sleep = time.sleep
 
     def classify(
-        self, images: ImageInput | Sequence[ImageInput], *, top_k: int = 5, model: str | None = None,
-        return_attention: bool = False, rollout_fusion: RolloutFusion | None = None,
-    ) -> ClassifyResponse:  # fmt: skip
+        self,
+        images: ImageInput | Sequence[ImageInput],
+        *,
+        top_k: int = 5,
+        model: str | None = None,
+        return_attention: bool = False,
+        rollout_fusion: RolloutFusion | None = None,
+    ) -> ClassifyResponse:
         """Top-k labels for one image or a list of images (paths, bytes, binary files, PIL images, uint8 arrays).
 
         ``return_attention`` adds each image's attention rollout and an ``attention_id`` for ``attention()``.
         """
-        return self._call(_calls.classify(images, top_k=top_k, model=model, return_attention=return_attention,
-                                          rollout_fusion=rollout_fusion))  # fmt: skip
+        return self._call(
+            _calls.classify(
+                images, top_k=top_k, model=model, return_attention=return_attention, rollout_fusion=rollout_fusion
+            )
+        )
 
     def translate(
-        self, text_or_texts: str | Sequence[str], *, beam_size: int | None = None, max_new_tokens: int | None = None,
-        num_return_sequences: int | None = None, length_penalty: float | None = None, model: str | None = None,
+        self,
+        text_or_texts: str | Sequence[str],
+        *,
+        beam_size: int | None = None,
+        max_new_tokens: int | None = None,
+        num_return_sequences: int | None = None,
+        length_penalty: float | None = None,
+        model: str | None = None,
         return_attention: bool = False,
-    ) -> TranslateResponse:  # fmt: skip
+    ) -> TranslateResponse:
         """English to German, one result per text. Options left as None keep the service's defaults
         (greedy decoding, a length limit from the source length). ``num_return_sequences`` > 1 adds an n-best
         list (needs ``beam_size`` at least as large); ``return_attention`` adds the source-target alignment.
         """
-        return self._call(_calls.translate(
-            text_or_texts, beam_size=beam_size, max_new_tokens=max_new_tokens, length_penalty=length_penalty,
-            num_return_sequences=num_return_sequences, model=model, return_attention=return_attention,
-        ))  # fmt: skip
+        return self._call(
+            _calls.translate(
+                text_or_texts,
+                beam_size=beam_size,
+                max_new_tokens=max_new_tokens,
+                length_penalty=length_penalty,
+                num_return_sequences=num_return_sequences,
+                model=model,
+                return_attention=return_attention,
+            )
+        )
 
     def translate_stream(
-        self, text: str, *, beam_size: int | None = None, max_new_tokens: int | None = None,
-        num_return_sequences: int | None = None, length_penalty: float | None = None, model: str | None = None,
+        self,
+        text: str,
+        *,
+        beam_size: int | None = None,
+        max_new_tokens: int | None = None,
+        num_return_sequences: int | None = None,
+        length_penalty: float | None = None,
+        model: str | None = None,
         return_attention: bool = False,
-    ) -> TranslationStream:  # fmt: skip
+    ) -> TranslationStream:
         """One text, translated token by token: iterate for ``TokenEvent``s, then one ``DoneEvent``.
 
         The request is sent (and retried, and its errors raised) here; iteration reads the events. Token
         events come with greedy decoding; beam search knows its best hypothesis only at the end.
         """
-        return TranslationStream(self._send(_calls.translate(
-            text, beam_size=beam_size, max_new_tokens=max_new_tokens, length_penalty=length_penalty,
-            num_return_sequences=num_return_sequences, model=model, return_attention=return_attention, stream=True,
-        )))  # fmt: skip
+        return TranslationStream(
+            self._send(
+                _calls.translate(
+                    text,
+                    beam_size=beam_size,
+                    max_new_tokens=max_new_tokens,
+                    length_penalty=length_penalty,
+                    num_return_sequences=num_return_sequences,
+                    model=model,
+                    return_attention=return_attention,
+                    stream=True,
+                )
+            )
+        )
 
     def attention(
         self,

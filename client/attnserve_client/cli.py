@@ -27,8 +27,9 @@ from attnserve_client.types import ClassifyResponse, TokenEvent, TranslateRespon
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        with Client(base_url=args.base_url, api_key=args.api_key, timeout=args.timeout,
-                    max_retries=args.max_retries) as client:  # fmt: skip
+        with Client(
+            base_url=args.base_url, api_key=args.api_key, timeout=args.timeout, max_retries=args.max_retries
+        ) as client:
             return args.run(client, args)
     except AttnserveError as e:
         print(f"attnserve-client: error: {e}", file=sys.stderr)
@@ -54,8 +55,12 @@ def _common_options(parser: argparse.ArgumentParser, default: object) -> None:
         default=default,
         help="retries on connection errors, 429 and 503 (default: $ATTNSERVE_MAX_RETRIES or 2)",
     )
-    parser.add_argument("--json", action="store_true", default=False if default is None else default,
-                        help="print the service's answer as JSON")  # fmt: skip
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if default is None else default,
+        help="print the service's answer as JSON",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,8 +125,12 @@ def _print_classification(names: Sequence[str], response: ClassifyResponse) -> N
 
 def _translate(client: Client, args: argparse.Namespace) -> int:
     texts = [line.strip() for line in sys.stdin if line.strip()] if args.texts == ["-"] else args.texts
-    options = {"beam_size": args.beam_size, "max_new_tokens": args.max_new_tokens, "model": args.model,
-               "num_return_sequences": args.num_return_sequences}  # fmt: skip
+    options = {
+        "beam_size": args.beam_size,
+        "max_new_tokens": args.max_new_tokens,
+        "model": args.model,
+        "num_return_sequences": args.num_return_sequences,
+    }
     if not args.stream:
         response = client.translate(texts, **options)
         if args.json:

@@ -36,9 +36,15 @@ class AttnserveError(Exception):
     status: int | None = None
 
     def __init__(
-        self, message: str, *, status: int | None = None, code: str | None = None, request_id: str | None = None,
-        retry_after: float | None = None, response: httpx.Response | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        request_id: str | None = None,
+        retry_after: float | None = None,
+        response: httpx.Response | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status if status is not None else type(self).status
@@ -123,9 +129,10 @@ _BY_CODE: dict[str, type[APIStatusError]] = {
     "invalid_field": InvalidFieldError,
     **dict.fromkeys(("inference_failed", "internal_error"), InternalServerError),
     "overloaded": OverloadedError,
-    **dict.fromkeys(("model_not_ready", "not_ready", "shutting_down", "attention_store_unavailable"),
-                    ServiceUnavailableError),
-}  # fmt: skip
+    **dict.fromkeys(
+        ("model_not_ready", "not_ready", "shutting_down", "attention_store_unavailable"), ServiceUnavailableError
+    ),
+}
 _BY_STATUS: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
     404: NotFoundError,
@@ -152,8 +159,12 @@ def from_body(body: object, *, status: int | None, request_id: str | None) -> AP
     code = detail.get("code") if isinstance(detail, dict) else None
     message = detail.get("message") if isinstance(detail, dict) else None
     cls = error_class(status, code)
-    return cls(str(message or "the service answered an error without a message"), status=status or cls.status,
-               code=code, request_id=request_id)  # fmt: skip
+    return cls(
+        str(message or "the service answered an error without a message"),
+        status=status or cls.status,
+        code=code,
+        request_id=request_id,
+    )
 
 
 def from_response(response: httpx.Response) -> APIStatusError:

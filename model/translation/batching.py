@@ -36,7 +36,9 @@ def encode_pairs(tok: Tokenizer, pairs: Sequence[tuple[str, str]], max_length: i
     return kept, len(examples) - len(kept)
 
 
-def make_batches(examples: Sequence[Example], max_tokens: int, gen: torch.Generator | None, pool: int = 100) -> list[list[Example]]:
+def make_batches(
+    examples: Sequence[Example], max_tokens: int, gen: torch.Generator | None, pool: int = 100
+) -> list[list[Example]]:
     """Split into batches of at most ``max_tokens`` padded positions.
 
     With a generator: shuffle, sort by length within pools of ``pool`` average batches, then shuffle
@@ -48,7 +50,9 @@ def make_batches(examples: Sequence[Example], max_tokens: int, gen: torch.Genera
         perm = torch.randperm(len(examples), generator=gen).tolist()
         mean_size = max(1.0, sum(ex.size for ex in examples) / max(1, len(examples)))
         chunk = max(1, int(pool * max_tokens / mean_size))
-        order = [i for c in range(0, len(perm), chunk) for i in sorted(perm[c : c + chunk], key=lambda i: examples[i].size)]
+        order = [
+            i for c in range(0, len(perm), chunk) for i in sorted(perm[c : c + chunk], key=lambda i: examples[i].size)
+        ]
     batches, current, longest = [], [], 0
     for i in order:
         ex = examples[i]

@@ -21,8 +21,8 @@ from pathlib import Path
 from model.cli import CliError, run_cli
 from model.translation import debian, sources
 from model.translation.cleaning import PAIR_FILTERS, FilterConfig, clean_text, dedupe_key
-from model.translation.split import SPLITS, assign_splits
 from model.translation.sentences import align_sentences
+from model.translation.split import SPLITS, assign_splits
 from model.translation.textio import TextFileError, read_aligned, read_tsv, write_tsv
 
 log = logging.getLogger("attnserve.translation.corpus")
@@ -41,7 +41,24 @@ class SourceSpec:
 
 
 # The game's shared data (help, units, tutorial) and its sixteen story campaigns, one package each.
-WESNOTH_CAMPAIGNS = ("did", "dm", "dw", "ei", "httt", "l", "low", "nr", "sof", "sota", "sotbe", "thot", "trow", "tsg", "ttb", "utbs")
+WESNOTH_CAMPAIGNS = (
+    "did",
+    "dm",
+    "dw",
+    "ei",
+    "httt",
+    "l",
+    "low",
+    "nr",
+    "sof",
+    "sota",
+    "sotbe",
+    "thot",
+    "trow",
+    "tsg",
+    "ttb",
+    "utbs",
+)
 WESNOTH_PACKAGES = ("wesnoth-1.16-data", *(f"wesnoth-1.16-{c}" for c in WESNOTH_CAMPAIGNS))
 
 SOURCES: dict[str, SourceSpec] = {
@@ -52,21 +69,27 @@ SOURCES: dict[str, SourceSpec] = {
         segment=True,
     ),
     "ui": SourceSpec(
-        ("libreoffice-l10n-de",), lambda roots, p: sources.read_ui_catalogs(roots["libreoffice-l10n-de"], p),
-        ui_strings=True, segment=True,
+        ("libreoffice-l10n-de",),
+        lambda roots, p: sources.read_ui_catalogs(roots["libreoffice-l10n-de"], p),
+        ui_strings=True,
+        segment=True,
     ),
     "wesnoth": SourceSpec(
-        WESNOTH_PACKAGES, lambda roots, p: sources.read_game_catalogs(list(roots.values()), sources.WESNOTH_LOCALE_DIR, p),
+        WESNOTH_PACKAGES,
+        lambda roots, p: sources.read_game_catalogs(list(roots.values()), sources.WESNOTH_LOCALE_DIR, p),
         segment=True,
     ),
     "freeciv": SourceSpec(
-        ("freeciv-data",), lambda roots, p: sources.read_game_catalogs([roots["freeciv-data"]], sources.FREECIV_LOCALE_DIR, p),
-        ui_strings=True, segment=True,
+        ("freeciv-data",),
+        lambda roots, p: sources.read_game_catalogs([roots["freeciv-data"]], sources.FREECIV_LOCALE_DIR, p),
+        ui_strings=True,
+        segment=True,
     ),
     "tuxpaint": SourceSpec(
-        ("tuxpaint-stamps-default",), lambda roots, p: sources.read_stamps(roots["tuxpaint-stamps-default"], p),
+        ("tuxpaint-stamps-default",),
+        lambda roots, p: sources.read_stamps(roots["tuxpaint-stamps-default"], p),
     ),
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -115,7 +138,10 @@ def clean_pairs(
 
 
 def build(
-    inputs: Mapping[str, SourceInput], config: FilterConfig, valid_fraction: float, test_fraction: float,
+    inputs: Mapping[str, SourceInput],
+    config: FilterConfig,
+    valid_fraction: float,
+    test_fraction: float,
     max_group: int = 500,
 ) -> tuple[dict[str, list[Pair]], dict[str, list[str]], dict[str, int]]:
     """Clean, dedupe (the first source to bring a pair keeps it) and split near-duplicate groups whole.
@@ -203,7 +229,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     own.add_argument("--target", type=Path, help="target sentences, aligned with --source line by line")
     p.add_argument("--valid-fraction", type=float, default=0.02)
     p.add_argument("--test-fraction", type=float, default=0.02)
-    p.add_argument("--max-group", type=int, default=500, help="larger near-duplicate groups go to train (default: %(default)s)")
+    p.add_argument(
+        "--max-group", type=int, default=500, help="larger near-duplicate groups go to train (default: %(default)s)"
+    )
     defaults = FilterConfig()
     for name, value in defaults.as_dict().items():
         p.add_argument(
@@ -265,13 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         "sources": {name: r.as_dict() for name, r in reports.items()},
         "filters": config.as_dict(),
         "split": {
-            "valid_fraction": args.valid_fraction, "test_fraction": args.test_fraction,
-            "max_group": args.max_group, **grouping,
+            "valid_fraction": args.valid_fraction,
+            "test_fraction": args.test_fraction,
+            "max_group": args.max_group,
+            **grouping,
             "rule": "near-duplicate groups (model/translation/split.py) go to one split whole: sha256 of the "
-                    "group's smallest mask, first 8 bytes / 2**64; groups over max_group go to train",
+            "group's smallest mask, first 8 bytes / 2**64; groups over max_group go to train",
         },
         "command": "python -m model.translation.corpus " + shlex.join(argv if argv is not None else sys.argv[1:]),
-    }  # fmt: skip
+    }
     write_outputs(args.out, splits, domains, stats)
     log.info("wrote %s: %s", args.out, ", ".join(f"{s} {len(splits[s])}" for s in SPLITS))
     return 0

@@ -36,9 +36,7 @@ def mask(source: str) -> tuple[str, ...]:
     """
     words = _WORD.findall(source)
     names = any(c.islower() for c in source)
-    return tuple(
-        "N" if names and i and w[0].isupper() else _DIGIT.sub("0", w.casefold()) for i, w in enumerate(words)
-    )
+    return tuple("N" if names and i and w[0].isupper() else _DIGIT.sub("0", w.casefold()) for i, w in enumerate(words))
 
 
 def link_keys(source: str) -> list[tuple[str, ...]]:

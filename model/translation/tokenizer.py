@@ -22,9 +22,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, normalize_text
 from model.cli import CliError, run_cli
 from model.translation.textio import TextFileError, read_tsv
-from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, normalize_text
 
 log = logging.getLogger("attnserve.translation.tokenizer")
 
@@ -35,12 +35,18 @@ TRAINER_OPTIONS = {
     "normalization_rule_name": "identity",  # normalize_text is the only normalisation: round trip holds
     "byte_fallback": True,  # unseen characters become UTF-8 bytes, never <unk>
     "split_digits": True,  # numbers are copied digit by digit instead of learnt as words
-    "pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID, "unk_id": UNK_ID,
-    "pad_piece": "<pad>", "bos_piece": "<s>", "eos_piece": "</s>", "unk_piece": "<unk>",
+    "pad_id": PAD_ID,
+    "bos_id": BOS_ID,
+    "eos_id": EOS_ID,
+    "unk_id": UNK_ID,
+    "pad_piece": "<pad>",
+    "bos_piece": "<s>",
+    "eos_piece": "</s>",
+    "unk_piece": "<unk>",
     "input_sentence_size": 0,  # use every sentence: no sampling, so the model is reproducible
     "shuffle_input_sentence": False,
     "minloglevel": 2,
-}  # fmt: skip
+}
 
 
 def training_sentences(pairs: Iterable[tuple[str, str]]) -> list[str]:
@@ -62,9 +68,14 @@ def train_tokenizer(
     buffer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=buffer, model_type=model_type,
-            vocab_size=vocab_size, character_coverage=character_coverage, num_threads=threads, **TRAINER_OPTIONS,
-        )  # fmt: skip
+            sentence_iterator=iter(sentences),
+            model_writer=buffer,
+            model_type=model_type,
+            vocab_size=vocab_size,
+            character_coverage=character_coverage,
+            num_threads=threads,
+            **TRAINER_OPTIONS,
+        )
     except RuntimeError as e:  # "INTERNAL: src/trainer_interface.cc(638) [<condition>] <message>": keep the message
         raise ValueError(f"SentencePiece training failed: {str(e).strip().splitlines()[-1].split('] ', 1)[-1]}") from e
     return Tokenizer.from_bytes(buffer.getvalue())
@@ -147,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     start = time.perf_counter()
     tokenizer = train_tokenizer(
-        sentences, vocab_size=args.vocab_size, model_type=args.model_type,
-        character_coverage=args.character_coverage, threads=args.threads,
-    )  # fmt: skip
+        sentences,
+        vocab_size=args.vocab_size,
+        model_type=args.model_type,
+        character_coverage=args.character_coverage,
+        threads=args.threads,
+    )
     seconds = time.perf_counter() - start
     valid = training_sentences(read_split(args.data, "valid")) if (args.data / "valid.tsv").is_file() else []
     if failures := round_trip_failures(tokenizer, valid):

@@ -26,11 +26,16 @@ TRANSLATION_MAPS = ("encoder_self_attention", "decoder_self_attention", "cross_a
 ALIGNMENT_REDUCTION = "cross-attention of the last decoder layer, mean over heads"
 
 
-def vit_record(model: str, version: str, spec: AttentionSpec, attention: np.ndarray, pixels: np.ndarray,
-               prediction: dict) -> AttentionRecord:  # fmt: skip
+def vit_record(
+    model: str, version: str, spec: AttentionSpec, attention: np.ndarray, pixels: np.ndarray, prediction: dict
+) -> AttentionRecord:
     """One image's (layers, heads, tokens, tokens) attention and the pixels the model saw."""
-    meta = {"grid": list(spec.grid), "prefix_tokens": spec.prefix_tokens, "patch_size": spec.patch_size,
-            "prediction": prediction}  # fmt: skip
+    meta = {
+        "grid": list(spec.grid),
+        "prefix_tokens": spec.prefix_tokens,
+        "patch_size": spec.patch_size,
+        "prediction": prediction,
+    }
     return AttentionRecord(IMAGE_CLASSIFICATION, model, version, {VIT_MAP: attention}, meta, pixels)
 
 
@@ -39,17 +44,33 @@ def vit_summary(spec: AttentionSpec, attention: np.ndarray, fusion: Fusion) -> d
     return {"kind": "rollout", "fusion": fusion, "grid": list(spec.grid), "rollout": grid.tolist()}
 
 
-def translation_record(model: str, version: str, maps: dict[str, np.ndarray], source_tokens: list[str],
-                       target_tokens: list[str], decoder_input_tokens: list[str], translation: str) -> AttentionRecord:  # fmt: skip
-    meta = {"source_tokens": source_tokens, "target_tokens": target_tokens,
-            "decoder_input_tokens": decoder_input_tokens, "translation": translation}  # fmt: skip
+def translation_record(
+    model: str,
+    version: str,
+    maps: dict[str, np.ndarray],
+    source_tokens: list[str],
+    target_tokens: list[str],
+    decoder_input_tokens: list[str],
+    translation: str,
+) -> AttentionRecord:
+    meta = {
+        "source_tokens": source_tokens,
+        "target_tokens": target_tokens,
+        "decoder_input_tokens": decoder_input_tokens,
+        "translation": translation,
+    }
     return AttentionRecord(TRANSLATION, model, version, maps, meta)
 
 
 def translation_summary(cross_attention: np.ndarray, source_tokens: list[str], target_tokens: list[str]) -> dict:
     layers = cross_attention.shape[0]
-    return {"source_tokens": source_tokens, "target_tokens": target_tokens, "layer": layers - 1,
-            "reduction": ALIGNMENT_REDUCTION, "alignment": alignment(cross_attention).tolist()}  # fmt: skip
+    return {
+        "source_tokens": source_tokens,
+        "target_tokens": target_tokens,
+        "layer": layers - 1,
+        "reduction": ALIGNMENT_REDUCTION,
+        "alignment": alignment(cross_attention).tolist(),
+    }
 
 
 async def store_records(store: AttentionStore, records: list[AttentionRecord], results: list[dict]) -> None:

@@ -44,8 +44,13 @@ class AttentionRecord:
         return sum(m.nbytes for m in self.maps.values()) + (0 if self.image is None else self.image.nbytes)
 
     def to_bytes(self) -> bytes:
-        header = {"task": self.task, "model": self.model, "version": self.version,
-                  "created_at": self.created_at, "meta": self.meta}  # fmt: skip
+        header = {
+            "task": self.task,
+            "model": self.model,
+            "version": self.version,
+            "created_at": self.created_at,
+            "meta": self.meta,
+        }
         arrays = {name: np.ascontiguousarray(m, dtype=np.float32) for name, m in self.maps.items()}
         arrays[_META] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
         if self.image is not None:
@@ -61,8 +66,8 @@ class AttentionRecord:
                 arrays = {name: npz[name] for name in npz.files}
             header = json.loads(arrays.pop(_META).tobytes())
             image = arrays.pop(_IMAGE, None)
-            return cls(header["task"], header["model"], header["version"], arrays, header["meta"], image,
-                       header["created_at"])  # fmt: skip
+            return cls(
+                header["task"], header["model"], header["version"], arrays, header["meta"], image, header["created_at"]
+            )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise RecordError(f"not an attention record: {e}") from e
-

@@ -48,16 +48,24 @@ def vit_overlay(image: np.ndarray, heat: np.ndarray, title: str) -> bytes:
         ax = fig.add_subplot()
         pixels = image[..., 0] if image.shape[-1] == 1 else image
         ax.imshow(pixels, cmap="gray", extent=(0, w, h, 0), interpolation="nearest")
-        shown = ax.imshow(heat, cmap="inferno", alpha=0.55, extent=(0, w, h, 0), interpolation="bilinear",
-                          vmin=float(heat.min()), vmax=float(heat.max()))  # fmt: skip
+        shown = ax.imshow(
+            heat,
+            cmap="inferno",
+            alpha=0.55,
+            extent=(0, w, h, 0),
+            interpolation="bilinear",
+            vmin=float(heat.min()),
+            vmax=float(heat.max()),
+        )
         ax.set_axis_off()
         ax.set_title(title, fontsize=10)
         fig.colorbar(shown, ax=ax, shrink=0.85, label="attention")
         return _png(fig)
 
 
-def token_grid(matrix: np.ndarray, row_labels: list[str], col_labels: list[str], title: str,
-               row_title: str, col_title: str) -> bytes:  # fmt: skip
+def token_grid(
+    matrix: np.ndarray, row_labels: list[str], col_labels: list[str], title: str, row_title: str, col_title: str
+) -> bytes:
     """``matrix`` (rows, cols) as labelled cells; values in [0, 1] share one colour scale."""
     from matplotlib.figure import Figure
 
@@ -66,8 +74,14 @@ def token_grid(matrix: np.ndarray, row_labels: list[str], col_labels: list[str],
     with _lock:
         fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
         ax = fig.add_subplot()
-        shown = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=max(1e-6, float(matrix.max())), aspect="auto",
-                          interpolation="nearest")  # fmt: skip
+        shown = ax.imshow(
+            matrix,
+            cmap="viridis",
+            vmin=0.0,
+            vmax=max(1e-6, float(matrix.max())),
+            aspect="auto",
+            interpolation="nearest",
+        )
         ax.set_xticks(range(cols), labels=col_labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=8)
         ax.set_yticks(range(rows), labels=row_labels, fontsize=8)
         ax.set_xlabel(col_title)

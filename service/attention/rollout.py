@@ -44,8 +44,9 @@ def rollout(attention: np.ndarray, fusion: Fusion = "mean") -> np.ndarray:
     return result
 
 
-def class_token_rollout(attention: np.ndarray, grid: tuple[int, int], prefix_tokens: int = 1,
-                        fusion: Fusion = "mean") -> np.ndarray:  # fmt: skip
+def class_token_rollout(
+    attention: np.ndarray, grid: tuple[int, int], prefix_tokens: int = 1, fusion: Fusion = "mean"
+) -> np.ndarray:
     """The class token's rollout over the patch tokens, as a (grid_h, grid_w) float32 map.
 
     Values are the class token's share of each patch (they sum to less than 1: the rest is its

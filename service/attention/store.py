@@ -49,8 +49,13 @@ def new_id() -> str:
 class MemoryStore:
     kind = "memory"
 
-    def __init__(self, ttl_s: float, max_bytes: int, observer: StoreObserver | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ttl_s: float,
+        max_bytes: int,
+        observer: StoreObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl_s, self.max_bytes = ttl_s, max_bytes
         self._clock = clock
         self._observer = observer or _NullObserver()
@@ -63,7 +68,9 @@ class MemoryStore:
     async def put(self, record: AttentionRecord) -> str:
         size = record.nbytes
         if size > self.max_bytes:
-            raise StoreUnavailable(f"attention maps of {size} bytes exceed the store's size cap ({self.max_bytes} bytes)")
+            raise StoreUnavailable(
+                f"attention maps of {size} bytes exceed the store's size cap ({self.max_bytes} bytes)"
+            )
         self._expire()
         evicted = 0
         while self.nbytes + size > self.max_bytes:
@@ -119,8 +126,9 @@ class RedisStore:
 
         self.ttl_s = ttl_s
         self._observer = observer or _NullObserver()
-        self._redis = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                        retry_on_timeout=False)  # fmt: skip
+        self._redis = aioredis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
+        )
         self._errors = (aioredis.ConnectionError, aioredis.TimeoutError, OSError)
         self._where = url.rsplit("@", 1)[-1]  # never log a password
 

@@ -21,8 +21,12 @@ from service.errors import InvalidField
 
 KINDS = {
     IMAGE_CLASSIFICATION: {"attention": VIT_MAP, VIT_MAP: VIT_MAP},
-    "translation": {"encoder": TRANSLATION_MAPS[0], "decoder": TRANSLATION_MAPS[1], "cross": TRANSLATION_MAPS[2],
-                    **{name: name for name in TRANSLATION_MAPS}},  # fmt: skip
+    "translation": {
+        "encoder": TRANSLATION_MAPS[0],
+        "decoder": TRANSLATION_MAPS[1],
+        "cross": TRANSLATION_MAPS[2],
+        **{name: name for name in TRANSLATION_MAPS},
+    },
 }
 
 
@@ -37,7 +41,9 @@ def map_names(record: AttentionRecord, kind: str | None) -> list[str]:
     return [kinds[kind]]
 
 
-def select(record: AttentionRecord, name: str, layer: int | None, head: int | None) -> tuple[np.ndarray, list[int], list[int]]:
+def select(
+    record: AttentionRecord, name: str, layer: int | None, head: int | None
+) -> tuple[np.ndarray, list[int], list[int]]:
     """(the map cut to one layer and/or head, the layers kept, the heads kept); 422 when out of range."""
     m = record.maps[name]
     layers, heads = m.shape[0], m.shape[1]
@@ -56,8 +62,11 @@ def axis_tokens(record: AttentionRecord, name: str) -> tuple[list[str], list[str
     if record.task != "translation":
         return None
     source, target, fed = meta["source_tokens"], meta["target_tokens"], meta["decoder_input_tokens"]
-    return {TRANSLATION_MAPS[0]: (source, source), TRANSLATION_MAPS[1]: (target, fed),
-            TRANSLATION_MAPS[2]: (target, source)}[name]  # fmt: skip
+    return {
+        TRANSLATION_MAPS[0]: (source, source),
+        TRANSLATION_MAPS[1]: (target, fed),
+        TRANSLATION_MAPS[2]: (target, source),
+    }[name]
 
 
 def vit_rollout(record: AttentionRecord, fusion: Fusion) -> np.ndarray:
@@ -66,20 +75,38 @@ def vit_rollout(record: AttentionRecord, fusion: Fusion) -> np.ndarray:
 
 
 def header(record: AttentionRecord, attention_id: str, ttl_s: float) -> dict:
-    return {"id": attention_id, "task": record.task, "model": record.model, "version": record.version,
-            "created_at": record.created_at, "expires_at": record.created_at + ttl_s, **record.meta}  # fmt: skip
+    return {
+        "id": attention_id,
+        "task": record.task,
+        "model": record.model,
+        "version": record.version,
+        "created_at": record.created_at,
+        "expires_at": record.created_at + ttl_s,
+        **record.meta,
+    }
 
 
-def _selection(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str | None, layer: int | None,
-               head: int | None, fusion: Fusion) -> tuple[dict, dict[str, np.ndarray]]:  # fmt: skip
+def _selection(
+    record: AttentionRecord,
+    attention_id: str,
+    ttl_s: float,
+    kind: str | None,
+    layer: int | None,
+    head: int | None,
+    fusion: Fusion,
+) -> tuple[dict, dict[str, np.ndarray]]:
     """(the answer without arrays: header and each map's axes, kept layers/heads and token labels;
     the arrays: each selected map, and ``rollout`` for the ViT)."""
     body, arrays = header(record, attention_id, ttl_s), {}
     body["maps"] = {}
     for name in map_names(record, kind):
         arrays[name], layers, heads = select(record, name, layer, head)
-        entry = body["maps"][name] = {"axes": list(MAP_AXES), "shape": list(arrays[name].shape), "layers": layers,
-                                      "heads": heads}  # fmt: skip
+        entry = body["maps"][name] = {
+            "axes": list(MAP_AXES),
+            "shape": list(arrays[name].shape),
+            "layers": layers,
+            "heads": heads,
+        }
         tokens = axis_tokens(record, name)
         if tokens is not None:
             entry["query_tokens"], entry["key_tokens"] = tokens
@@ -89,8 +116,15 @@ def _selection(record: AttentionRecord, attention_id: str, ttl_s: float, kind: s
     return body, arrays
 
 
-def as_json(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str | None, layer: int | None,
-            head: int | None, fusion: Fusion) -> bytes:  # fmt: skip
+def as_json(
+    record: AttentionRecord,
+    attention_id: str,
+    ttl_s: float,
+    kind: str | None,
+    layer: int | None,
+    head: int | None,
+    fusion: Fusion,
+) -> bytes:
     body, arrays = _selection(record, attention_id, ttl_s, kind, layer, head, fusion)
     for name, entry in body["maps"].items():
         entry["data"] = arrays[name].tolist()
@@ -99,8 +133,15 @@ def as_json(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str 
     return json.dumps(body, ensure_ascii=False).encode()
 
 
-def as_npz(record: AttentionRecord, attention_id: str, ttl_s: float, kind: str | None, layer: int | None,
-           head: int | None, fusion: Fusion) -> bytes:  # fmt: skip
+def as_npz(
+    record: AttentionRecord,
+    attention_id: str,
+    ttl_s: float,
+    kind: str | None,
+    layer: int | None,
+    head: int | None,
+    fusion: Fusion,
+) -> bytes:
     """One array per selected map (and ``rollout`` for the ViT); the rest of the JSON answer as ``meta.json``."""
     meta, arrays = _selection(record, attention_id, ttl_s, kind, layer, head, fusion)
     arrays["meta.json"] = np.frombuffer(json.dumps(meta, ensure_ascii=False).encode(), dtype=np.uint8)

@@ -2,4 +2,12 @@
 
 from service.routes import attention, classify, health, metrics, models, translate, web
 
-ROUTERS = [classify.router, translate.router, attention.router, models.router, health.router, metrics.router, web.router]
+ROUTERS = [
+    classify.router,
+    translate.router,
+    attention.router,
+    models.router,
+    health.router,
+    metrics.router,
+    web.router,
+]

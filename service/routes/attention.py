@@ -35,18 +35,28 @@ FusionQ = Annotated[Literal["mean", "max"], Query(description="ViT rollout: fuse
 async def _record(store: AttentionStore, attention_id: str, ttl_s: int) -> AttentionRecord:
     record = await store.get(attention_id)
     if record is None:
-        raise AttentionNotFound(f"no attention maps with id {attention_id!r}: unknown, or expired "
-                                f"(maps are kept {ttl_s} s, and only on the replica that made them unless "
-                                "the store is shared)")  # fmt: skip
+        raise AttentionNotFound(
+            f"no attention maps with id {attention_id!r}: unknown, or expired "
+            f"(maps are kept {ttl_s} s, and only on the replica that made them unless "
+            "the store is shared)"
+        )
     return record
 
 
-@router.get("/attention/{attention_id}.png", responses={**ERROR_RESPONSES, 200: {"content": {"image/png": {}}}},
-            response_class=Response, summary="A heatmap of one attention map")  # fmt: skip
+@router.get(
+    "/attention/{attention_id}.png",
+    responses={**ERROR_RESPONSES, 200: {"content": {"image/png": {}}}},
+    response_class=Response,
+    summary="A heatmap of one attention map",
+)
 async def attention_png(
-    attention_id: str, serving: ServingDep, kind: str | None = None, layer: LayerQ = None, head: HeadQ = None,
+    attention_id: str,
+    serving: ServingDep,
+    kind: str | None = None,
+    layer: LayerQ = None,
+    head: HeadQ = None,
     fusion: FusionQ = "mean",
-) -> Response:  # fmt: skip
+) -> Response:
     """ViT: `kind=rollout` (default) or `attention` (the class token's row, of `layer` (default: last)
     and `head` (default: mean)), over the input image. Translator: `kind=cross` (default), `encoder`
     or `decoder`, a token-labelled grid of `layer` (default: last) and `head` (default: mean)."""
@@ -59,13 +69,24 @@ async def attention_png(
     return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=60"})
 
 
-@router.get("/attention/{attention_id}", responses=ERROR_RESPONSES, response_class=Response,
-            summary="The full attention maps of an earlier request")  # fmt: skip
+@router.get(
+    "/attention/{attention_id}",
+    responses=ERROR_RESPONSES,
+    response_class=Response,
+    summary="The full attention maps of an earlier request",
+)
 async def attention_maps(
-    attention_id: str, request: Request, serving: ServingDep, kind: str | None = None, layer: LayerQ = None,
-    head: HeadQ = None, fusion: FusionQ = "mean",
-    format: Annotated[Literal["json", "npz"] | None, Query(description="Default: JSON, or npz when Accept asks.")] = None,
-) -> Response:  # fmt: skip
+    attention_id: str,
+    request: Request,
+    serving: ServingDep,
+    kind: str | None = None,
+    layer: LayerQ = None,
+    head: HeadQ = None,
+    fusion: FusionQ = "mean",
+    format: Annotated[
+        Literal["json", "npz"] | None, Query(description="Default: JSON, or npz when Accept asks.")
+    ] = None,
+) -> Response:
     """Every map as (layer, head, query, key) with its axes' labels; `layer`/`head`/`kind` select a
     slice. `format=npz` (or `Accept: application/x-npz`) answers a NumPy `.npz` archive instead."""
     ttl = serving.settings.attention_ttl_s
@@ -73,8 +94,11 @@ async def attention_maps(
     accept = request.headers.get("accept", "")
     if format == "npz" or (format is None and any(t in accept for t in NPZ_TYPES)):
         body = as_npz(record, attention_id, ttl, kind, layer, head, fusion)
-        return Response(body, media_type="application/x-npz",
-                        headers={"Content-Disposition": f'attachment; filename="attention-{attention_id}.npz"'})  # fmt: skip
+        return Response(
+            body,
+            media_type="application/x-npz",
+            headers={"Content-Disposition": f'attachment; filename="attention-{attention_id}.npz"'},
+        )
     body = await asyncio.to_thread(as_json, record, attention_id, ttl, kind, layer, head, fusion)
     return Response(body, media_type=JSON_TYPE)
 
@@ -91,7 +115,9 @@ def _vit_heatmap(record: AttentionRecord, kind: str, layer: int | None, head: in
     label = meta.get("prediction", {}).get("label", "")
     if kind == "rollout":
         if layer is not None or head is not None:
-            raise InvalidField("layer/head select a raw map; the rollout combines every layer and head (use kind=attention)")
+            raise InvalidField(
+                "layer/head select a raw map; the rollout combines every layer and head (use kind=attention)"
+            )
         heat, title = vit_rollout(record, fusion), f"attention rollout ({fusion} over heads): {label}"
     else:
         (name,) = map_names(record, kind)  # 422 for a kind the ViT does not have

@@ -30,7 +30,7 @@ from service.errors import (
     InvalidMultipart,
     ServiceError,
     UnsupportedMediaType,
-)  # fmt: skip
+)
 from service.images import ImageDecoder
 from service.routes.common import JSON_TYPE, ClientClosedRequest, dump_json, parse_json_body, validated
 from service.schemas import ERROR_RESPONSES, ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
@@ -52,14 +52,17 @@ _REQUEST_BODY_DOC = {
                     "type": "object",
                     "required": ["file"],
                     "properties": {
-                        "file": {"type": "array", "items": {"type": "string", "format": "binary"},
-                                 "description": "One `file` part per image."},
+                        "file": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "binary"},
+                            "description": "One `file` part per image.",
+                        },
                         "top_k": {"type": "integer", "default": 5, "minimum": 1},
                         "model": {"type": "string"},
                         "return_attention": {"type": "boolean", "default": False},
                         "rollout_fusion": {"type": "string", "enum": ["mean", "max"], "default": "mean"},
                     },
-                }  # fmt: skip
+                }
             },
         },
     }
@@ -92,14 +95,22 @@ async def classify(request: Request, serving: Serving) -> Response:
         future = batcher.submit(rows, attention=options.return_attention)
     out = await _result_or_disconnect(future, request.receive)
     results = [{"top_k": top} for top in classifier.top_k(out[0], out[1], options.top_k)]
-    if options.return_attention:  # out[2]: the attention of this request's images (other requests may have asked for it too)
+    if (
+        options.return_attention
+    ):  # out[2]: the attention of this request's images (other requests may have asked for it too)
         await _attach_attention(results, out[2], rows, classifier, options, serving.attention)
     body = {"model": classifier.name, "version": classifier.version, "results": results}
     return Response(dump_json(body), media_type=JSON_TYPE)
 
 
-async def _attach_attention(results: list[dict], maps: np.ndarray, rows: np.ndarray, classifier: Classifier,
-                            options: ClassifyOptions, store: AttentionStore) -> None:  # fmt: skip
+async def _attach_attention(
+    results: list[dict],
+    maps: np.ndarray,
+    rows: np.ndarray,
+    classifier: Classifier,
+    options: ClassifyOptions,
+    store: AttentionStore,
+) -> None:
     spec = classifier.attention
     assert spec is not None  # _check_options refused the request otherwise
     records = []
@@ -166,7 +177,9 @@ async def _read_multipart(request: Request) -> tuple[list[bytes], ClassifyOption
                     raise InvalidField(f"form field {key!r} must be given once, as text")
                 fields[key] = value
             else:
-                raise InvalidField(f"unknown form field {key!r}; expected `file` parts and {', '.join(FORM_OPTION_FIELDS)}")
+                raise InvalidField(
+                    f"unknown form field {key!r}; expected `file` parts and {', '.join(FORM_OPTION_FIELDS)}"
+                )
     finally:
         await form.close()
     if not images:

@@ -37,6 +37,8 @@ async def readyz(registry: RegistryDep, settings: SettingsDep) -> Response:
         return Response(json.dumps(body), media_type="application/json")
     body = {"error": {"code": "not_ready", "message": "; ".join(reasons)}, "status": "not_ready", "models": models}
     return Response(
-        json.dumps(body), status_code=503, media_type="application/json",
+        json.dumps(body),
+        status_code=503,
+        media_type="application/json",
         headers={"Retry-After": str(settings.retry_after_s)},
-    )  # fmt: skip
+    )

@@ -18,9 +18,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
+from contract.decoding import Request as DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
-from contract.decoding import Request as DecodeRequest
 from service.deps import Serving, ServingDep
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body
@@ -32,7 +32,9 @@ from service.translator import TASK, Limits, Translator
 router = APIRouter(tags=["translation"])
 
 
-@router.post("/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES, summary="Translate English to German")
+@router.post(
+    "/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES, summary="Translate English to German"
+)
 async def translate_route(request: Request, serving: ServingDep) -> Response:
     """One result per text, in request order; `stream: true` answers server-sent events instead."""
     return await translate(request, serving)
@@ -49,16 +51,22 @@ async def translate(request: Request, serving: Serving) -> Response:
     if body.return_attention and not translator.has_attention:
         raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
     requests = translator.requests(
-        body.all_texts, beam_size=body.beam_size, length_penalty=body.length_penalty,
-        num_return_sequences=body.num_return_sequences, max_new_tokens=body.max_new_tokens,
+        body.all_texts,
+        beam_size=body.beam_size,
+        length_penalty=body.length_penalty,
+        num_return_sequences=body.num_return_sequences,
+        max_new_tokens=body.max_new_tokens,
         limits=Limits(settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens),
-    )  # fmt: skip
+    )
     nbest = body.num_return_sequences > 1
     store = serving.attention if body.return_attention else None
     if body.stream:
         (ticket,) = scheduler.submit(requests, stream=True)
-        return StreamingResponse(_events(ticket, translator, nbest, store), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+        return StreamingResponse(
+            _events(ticket, translator, nbest, store),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     tickets = scheduler.submit(requests)
     await _results_or_disconnect(tickets, request.receive)
     answer = await _answer(translator, tickets, nbest, store)
@@ -87,8 +95,9 @@ async def _answer(translator: Translator, tickets: list[Ticket], nbest: bool, st
     return {"model": translator.name, "version": translator.version, "results": results}
 
 
-async def _attach_attention(results: list[dict], requests: list[DecodeRequest], translator: Translator,
-                            store: AttentionStore) -> None:  # fmt: skip
+async def _attach_attention(
+    results: list[dict], requests: list[DecodeRequest], translator: Translator, store: AttentionStore
+) -> None:
     """The returned hypotheses' attention, computed now (off the event loop), summarised and stored."""
     best = [r.results()[0] for r in requests]
     maps = await asyncio.to_thread(translator.attention, [r.source for r in requests], best)
@@ -97,8 +106,9 @@ async def _attach_attention(results: list[dict], requests: list[DecodeRequest], 
         generated, fed = translator.target_pieces(h)
         source = result["source_tokens"]
         result["attention"] = translation_summary(m["cross_attention"], source, generated)
-        records.append(translation_record(translator.name, translator.version, m, source, generated, fed,
-                                          result["translation"]))  # fmt: skip
+        records.append(
+            translation_record(translator.name, translator.version, m, source, generated, fed, result["translation"])
+        )
     await store_records(store, records, results)
 
 
@@ -129,8 +139,9 @@ def _sse(event: str, data: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-async def _events(ticket: Ticket, translator: Translator, nbest: bool,
-                  store: AttentionStore | None) -> AsyncIterator[bytes]:  # fmt: skip
+async def _events(
+    ticket: Ticket, translator: Translator, nbest: bool, store: AttentionStore | None
+) -> AsyncIterator[bytes]:
     """Token events as the scheduler produces them, then the final result; cancels on disconnect."""
     tok = translator.tokenizer
     try:
@@ -140,8 +151,13 @@ async def _events(ticket: Ticket, translator: Translator, nbest: bool,
                 break
             if isinstance(item, Exception):
                 error = item if isinstance(item, ServiceError) else None
-                yield b"event: error\ndata: " + error_body(error.code if error else "internal_error",
-                                                           error.message if error else "decoding failed") + b"\n\n"  # fmt: skip
+                yield (
+                    b"event: error\ndata: "
+                    + error_body(
+                        error.code if error else "internal_error", error.message if error else "decoding failed"
+                    )
+                    + b"\n\n"
+                )
                 return
             yield _sse("token", {"index": len(item) - 1, "token": tok.pieces(item[-1:])[0], "text": tok.decode(item)})
         yield _sse("done", await _answer(translator, [ticket], nbest, store))

@@ -40,8 +40,10 @@ async def samples(registry: RegistryDep) -> dict:
         if m.status is not Status.READY:
             continue
         if m.task == IMAGE_CLASSIFICATION:
-            images += [{"model": m.name, "label": s["label"], "url": f"/samples/{m.name}/{s['file']}"}
-                       for s in m.manifest.get("samples", [])]  # fmt: skip
+            images += [
+                {"model": m.name, "label": s["label"], "url": f"/samples/{m.name}/{s['file']}"}
+                for s in m.manifest.get("samples", [])
+            ]
         elif m.task == TRANSLATION:
             examples = m.manifest.get("evaluation", {}).get("examples", [])[:MAX_SAMPLE_TEXTS]
             texts += [{"model": m.name, "text": e["source"], "reference": e.get("reference")} for e in examples]

@@ -24,8 +24,17 @@ def as_sync(annotation: str) -> str:
 def test_both_clients_have_the_same_public_methods_and_signatures():
     sync, async_ = public_methods(Client), public_methods(AsyncClient)
     assert sorted(sync) == sorted(async_)
-    assert {"classify", "translate", "translate_stream", "attention", "attention_png", "models", "health", "ready",
-            "close"} <= set(sync)  # fmt: skip
+    assert {
+        "classify",
+        "translate",
+        "translate_stream",
+        "attention",
+        "attention_png",
+        "models",
+        "health",
+        "ready",
+        "close",
+    } <= set(sync)
     for name in [*sync, "__init__"]:
         s, a = inspect.signature(getattr(Client, name)), inspect.signature(getattr(AsyncClient, name))
         assert [(p.name, p.kind, p.default, as_sync(str(p.annotation))) for p in a.parameters.values()] == [

@@ -106,6 +106,11 @@ def test_usage_mistakes_exit_2(cli, tmp_path):
 
 
 def test_python_m_runs_the_same_command(server):
-    proc = subprocess.run([sys.executable, "-m", "attnserve_client", "health", "--base-url", server.url],
-                          check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnserve_client", "health", "--base-url", server.url],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (proc.returncode, proc.stdout) == (0, "ok\n"), proc.stderr

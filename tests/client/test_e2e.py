@@ -20,7 +20,7 @@ from attnserve_client import (
     NotFoundError,
     PayloadTooLargeError,
     TokenEvent,
-)  # fmt: skip
+)
 from PIL import Image
 
 from tests.service.service_testing import free_port
@@ -113,9 +113,17 @@ def test_leaving_a_stream_early_closes_it(api):
         (lambda api: api.attention("no-such-id"), NotFoundError, "attention_not_found"),
         (lambda api: api.attention_png("no-such-id"), NotFoundError, "attention_not_found"),
     ],
-    ids=["unknown model", "text too long", "blank text", "empty stream", "not an image",
-         "top_k too large", "unknown attention id", "unknown png id"],
-)  # fmt: skip
+    ids=[
+        "unknown model",
+        "text too long",
+        "blank text",
+        "empty stream",
+        "not an image",
+        "top_k too large",
+        "unknown attention id",
+        "unknown png id",
+    ],
+)
 def test_refusals_raise_their_class_with_code_message_and_request_id(api, call, kind, code):
     with pytest.raises(kind) as caught:
         call(api)

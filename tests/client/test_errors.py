@@ -23,16 +23,23 @@ from attnserve_client import (
     PayloadTooLargeError,
     ServiceUnavailableError,
     UnsupportedMediaTypeError,
-)  # fmt: skip
+)
 from attnserve_client.errors import error_class
 
 from tests.client.sdk_testing import Script, error, sse
 
 BY_STATUS = {
-    400: BadRequestError, 404: NotFoundError, 405: APIStatusError, 413: PayloadTooLargeError,
-    415: UnsupportedMediaTypeError, 422: InvalidFieldError, 429: OverloadedError, 499: APIStatusError,
-    500: InternalServerError, 503: ServiceUnavailableError,
-}  # fmt: skip
+    400: BadRequestError,
+    404: NotFoundError,
+    405: APIStatusError,
+    413: PayloadTooLargeError,
+    415: UnsupportedMediaTypeError,
+    422: InvalidFieldError,
+    429: OverloadedError,
+    499: APIStatusError,
+    500: InternalServerError,
+    503: ServiceUnavailableError,
+}
 BY_CODE = {"overloaded": OverloadedError}  # where the code is more precise than the status
 
 

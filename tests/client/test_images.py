@@ -38,8 +38,19 @@ def test_each_form_gives_one_upload(tmp_path):
     path = tmp_path / "cat.png"
     path.write_bytes(png)
     with open(path, "rb") as file:
-        got = uploads([path, str(path), png, bytearray(png), memoryview(png), file, io.BytesIO(png),
-                       Image.fromarray(pixels), pixels])  # fmt: skip
+        got = uploads(
+            [
+                path,
+                str(path),
+                png,
+                bytearray(png),
+                memoryview(png),
+                file,
+                io.BytesIO(png),
+                Image.fromarray(pixels),
+                pixels,
+            ]
+        )
     assert [name for name, _, _ in got[:2]] == ["cat.png", "cat.png"] and got[0][2] == "image/png"
     assert [content for _, content, _ in got[:7]] == [png] * 7  # encoded files are sent untouched
     for _, content, _ in got:

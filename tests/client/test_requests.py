@@ -76,8 +76,13 @@ def test_classify_sends_multipart_file_parts_and_only_the_options_given(make_cli
     client.classify([b"first", b"second"], top_k=3, model="vit", return_attention=True, rollout_fusion="max")
     client.classify(b"only")
     full, plain = (_form(r) for r in script.requests)
-    assert full == {"file": [b"first", b"second"], "top_k": [b"3"], "model": [b"vit"], "return_attention": [b"true"],
-                    "rollout_fusion": [b"max"]}  # fmt: skip
+    assert full == {
+        "file": [b"first", b"second"],
+        "top_k": [b"3"],
+        "model": [b"vit"],
+        "return_attention": [b"true"],
+        "rollout_fusion": [b"max"],
+    }
     assert plain == {"file": [b"only"], "top_k": [b"5"]}
 
 
@@ -97,13 +102,29 @@ def _form(request: httpx.Request) -> dict[str, list[bytes]]:
     [
         ("Open the file.", {}, {"text": "Open the file."}),
         (["One.", "Two."], {}, {"texts": ["One.", "Two."]}),
-        (("One.",), {"beam_size": 4, "num_return_sequences": 2, "max_new_tokens": 9, "length_penalty": 0.5,
-                     "model": "translator", "return_attention": True},
-         {"texts": ["One."], "beam_size": 4, "num_return_sequences": 2, "max_new_tokens": 9, "length_penalty": 0.5,
-          "model": "translator", "return_attention": True}),
+        (
+            ("One.",),
+            {
+                "beam_size": 4,
+                "num_return_sequences": 2,
+                "max_new_tokens": 9,
+                "length_penalty": 0.5,
+                "model": "translator",
+                "return_attention": True,
+            },
+            {
+                "texts": ["One."],
+                "beam_size": 4,
+                "num_return_sequences": 2,
+                "max_new_tokens": 9,
+                "length_penalty": 0.5,
+                "model": "translator",
+                "return_attention": True,
+            },
+        ),
     ],
     ids=["one text", "a list", "every option"],
-)  # fmt: skip
+)
 def test_translate_sends_json_with_only_the_options_given(make_client, text, options, body):
     script = Script(TRANSLATED)
     make_client(script).translate(text, **options)

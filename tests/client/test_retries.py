@@ -22,7 +22,7 @@ from attnserve_client import (
     NotFoundError,
     OverloadedError,
     ServiceUnavailableError,
-)  # fmt: skip
+)
 from attnserve_client._base import RetryPolicy
 
 from tests.client.sdk_testing import Script, error, sse

@@ -44,8 +44,15 @@ def docker_compose(*args: str, file=COMPOSE_FILE) -> subprocess.CompletedProcess
             pytest.fail("docker-compose is not installed")
         pytest.skip("docker-compose is not installed (make system-deps installs Debian's docker-compose)")
     env = {k: v for k, v in os.environ.items() if k != "MODELS_DIR"}
-    return subprocess.run([exe, "-f", str(file), "--project-directory", str(ROOT), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [exe, "-f", str(file), "--project-directory", str(ROOT), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_compose_parser_accepts_the_file():

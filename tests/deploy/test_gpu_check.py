@@ -41,28 +41,47 @@ def run_check(tmp_path, *args: str) -> subprocess.CompletedProcess:
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('torch must not be imported by the serving path')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSERVE_")}
-    env.update({
-        "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)]),
-        # one onnxruntime thread and small batches: fast warm-up on a 2-core machine
-        "ATTNSERVE_INTRA_OP_THREADS": "1", "ATTNSERVE_MAX_BATCH_SIZE": "8", "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "8",
-        "ATTNSERVE_MAX_RUNNING_SEQUENCES": "16", "ATTNSERVE_MAX_BEAM_SIZE": "4",
-    })  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "deploy.gpu_check", "--repository", str(ROOT / "models"), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)]),
+            # one onnxruntime thread and small batches: fast warm-up on a 2-core machine
+            "ATTNSERVE_INTRA_OP_THREADS": "1",
+            "ATTNSERVE_MAX_BATCH_SIZE": "8",
+            "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "8",
+            "ATTNSERVE_MAX_RUNNING_SEQUENCES": "16",
+            "ATTNSERVE_MAX_BEAM_SIZE": "4",
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "deploy.gpu_check", "--repository", str(ROOT / "models"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def test_dry_run_on_the_cpu(tmp_path):
     """Every step of the check, with the CPU as the checked provider, on the shipped models."""
     out = tmp_path / "check.json"
-    proc = run_check(tmp_path, "--provider", "cpu", "--seconds", "0.5", "--concurrency", "2", "--sentences", "4",
-                     "--json", str(out))  # fmt: skip
+    proc = run_check(
+        tmp_path, "--provider", "cpu", "--seconds", "0.5", "--concurrency", "2", "--sentences", "4", "--json", str(out)
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["ok"] and all(c["ok"] for c in report["checks"])
     checks = {c["check"] for c in report["checks"]}
-    assert {"vit/1 session provider", "GET /models on CPUExecutionProvider", "POST /classify cpu vs cpu",
-            "greedy translations cpu vs cpu",
-            "load cpu classify", "load cpu translate", "load cpu-reference translate"} <= checks  # fmt: skip
+    assert {
+        "vit/1 session provider",
+        "GET /models on CPUExecutionProvider",
+        "POST /classify cpu vs cpu",
+        "greedy translations cpu vs cpu",
+        "load cpu classify",
+        "load cpu translate",
+        "load cpu-reference translate",
+    } <= checks
     assert {(m["name"], m["provider"]) for m in report["models"]} == {("vit", CPU), ("translator", CPU)}
     (vit,) = report["classifiers"]
     assert vit["max_abs_diff"]["logits"] == 0.0 and vit["top1_agreement"] == 1.0

@@ -30,8 +30,10 @@ def schema_versions() -> list[str]:
     import importlib.resources
 
     root = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
-    found = sorted({m[1] for p in root.iterdir() if (m := re.fullmatch(r"v(\d+\.\d+\.\d+)-local", p.name))},
-                   key=lambda v: tuple(map(int, v.split("."))))  # fmt: skip
+    found = sorted(
+        {m[1] for p in root.iterdir() if (m := re.fullmatch(r"v(\d+\.\d+\.\d+)-local", p.name))},
+        key=lambda v: tuple(map(int, v.split("."))),
+    )
     return [found[0], found[-1]]
 
 

@@ -7,12 +7,12 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.common import ExportError
-from export.translator import check_parity, decoder_spec, export_graphs, parity_report
-from model.seq2seq import Seq2Seq, Seq2SeqConfig
 from contract.decoding import decoder_inputs, decoding_outputs, session_fn
 from contract.manifest import load_entry
 from contract.tokenizer import Tokenizer
+from export.common import ExportError
+from export.translator import check_parity, decoder_spec, export_graphs, parity_report
+from model.seq2seq import Seq2Seq, Seq2SeqConfig
 from tests.conftest import run_module
 
 
@@ -23,7 +23,12 @@ def entry(tiny_translator_repository):
 
 def test_the_entry_lists_every_file_with_its_sha256(entry):
     m = entry.manifest
-    assert m["task"] == "translation" and set(m["files"]) == {"encoder.onnx", "decoder.onnx", "decoder_prefix.onnx", "tokenizer.model"}
+    assert m["task"] == "translation" and set(m["files"]) == {
+        "encoder.onnx",
+        "decoder.onnx",
+        "decoder_prefix.onnx",
+        "tokenizer.model",
+    }
     assert m["tokenizer"]["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
     assert Tokenizer.load(entry.path / "tokenizer.model").vocab_size == m["tokenizer"]["vocab_size"] == 400
 
@@ -33,14 +38,18 @@ def test_graph_names_and_dynamic_axes_are_recorded(entry):
     assert [i["name"] for i in enc["inputs"]] == ["src_ids", "src_mask"]
     assert [o["name"] for o in enc["outputs"]] == ["memory", "cross_keys", "cross_values", "encoder_attentions"]
     layers = entry.manifest["decoding"]["layers"]
-    assert [i["name"] for i in dec["inputs"]] == decoder_inputs(layers)  # one cache tensor per layer: no split, no stack
+    assert [i["name"] for i in dec["inputs"]] == decoder_inputs(
+        layers
+    )  # one cache tensor per layer: no split, no stack
     assert [o["name"] for o in dec["outputs"]] == list(decoding_outputs(layers)["decoder"])  # no attention per step
     assert dec["outputs"][1]["name"] == "new_keys_0"  # the new position only: the caller's buffers hold the cache
     prefix = entry.manifest["graphs"]["decoder_prefix"]
     assert [i["name"] for i in prefix["inputs"]] == ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
     assert [o["name"] for o in prefix["outputs"]] == ["log_probs", "self_attentions", "cross_attentions"]
     past = next(i for i in dec["inputs"] if i["name"] == "past_keys_0")["shape"]
-    assert len(past) == 4 and isinstance(past[0], str) and isinstance(past[2], str)  # batch and cache length are dynamic
+    assert (
+        len(past) == 4 and isinstance(past[0], str) and isinstance(past[2], str)
+    )  # batch and cache length are dynamic
     assert [i["dtype"] for i in dec["inputs"]][:4] == ["int64", "int64", "bool", "bool"]
 
 
@@ -73,8 +82,10 @@ def test_parity_check_refuses_graphs_that_drift(tiny_translator_checkpoint, tmp_
     export_graphs(model, tmp_path)
     with torch.no_grad():
         model.out.weight.add_(torch.randn_like(model.out.weight))  # PyTorch no longer matches the graphs
-    graphs = [session_fn(ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]))
-              for f in ("encoder.onnx", "decoder.onnx")]  # fmt: skip
+    graphs = [
+        session_fn(ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]))
+        for f in ("encoder.onnx", "decoder.onnx")
+    ]
     sources = [[40, 41, 2], [50, 51, 52, 2]]
     report = parity_report(model, *graphs, sources)
     assert report["max_abs_log_probs"] > 1e-2
@@ -89,7 +100,14 @@ def test_cli_errors(tiny_translator_checkpoint, tmp_path):
     last = tiny_translator_checkpoint.parent / "last.pt"
     proc = run_module("export.translator", "--checkpoint", str(last), "--repository", str(tmp_path))
     assert proc.returncode == 2 and "--resume" in proc.stderr
-    proc = run_module("export.translator", "--checkpoint", str(tiny_translator_checkpoint), "--repository",
-                      str(tmp_path), "--data", str(tmp_path))  # fmt: skip
+    proc = run_module(
+        "export.translator",
+        "--checkpoint",
+        str(tiny_translator_checkpoint),
+        "--repository",
+        str(tmp_path),
+        "--data",
+        str(tmp_path),
+    )
     assert proc.returncode == 2 and "test.tsv" in proc.stderr and "Traceback" not in proc.stderr
     assert not any((tmp_path / "translator").glob("*")) if (tmp_path / "translator").exists() else True

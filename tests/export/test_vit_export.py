@@ -8,10 +8,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from contract.manifest import ManifestError, load_entry, read_manifest, verify_files, write_manifest
 from export.common import ExportError, cpu_session
 from export.vit import ATTENTION_TOL, LOGITS_TOL, check_parity, parity_report, preprocess
 from model.vit import ViT, ViTConfig
-from contract.manifest import ManifestError, load_entry, read_manifest, verify_files, write_manifest
 from tests.conftest import run_module
 
 
@@ -25,7 +25,11 @@ def test_manifest_describes_everything_the_service_needs(entry):
     assert (m["name"], m["version"], m["task"]) == ("vit", "1", "image-classification")
     assert m["framework"]["opset"] >= 17
     io, attention = m["graphs"]["model"], m["graphs"]["attention"]
-    assert io["inputs"] == attention["inputs"] == [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", 1, 28, 28]}]
+    assert (
+        io["inputs"]
+        == attention["inputs"]
+        == [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", 1, 28, 28]}]
+    )
     assert [o["name"] for o in io["outputs"]] == ["logits"]  # serving pays for no attention it was not asked for
     assert [o["name"] for o in attention["outputs"]] == ["logits", "attentions"]
     cfg = ViTConfig.from_dict(m["model"]["config"])
@@ -46,8 +50,10 @@ def test_manifest_describes_everything_the_service_needs(entry):
 
 
 def test_graphs_have_a_dynamic_batch_axis_and_agree(entry):
-    serving, attention = (ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])
-                          for f in ("model.onnx", "model_attention.onnx"))  # fmt: skip
+    serving, attention = (
+        ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])
+        for f in ("model.onnx", "model_attention.onnx")
+    )
     assert [o.name for o in serving.get_outputs()] == ["logits"]
     for bs in (1, 3, 17):
         x = np.random.default_rng(bs).normal(size=(bs, 1, 28, 28)).astype(np.float32)
@@ -61,7 +67,9 @@ def test_onnx_matches_pytorch_on_real_images(entry, tiny_vit_checkpoint, fashion
     vit = ViT(ViTConfig.from_dict(ckpt["config"])).eval()
     vit.load_state_dict(ckpt["state_dict"])
     x = preprocess(fashion_mnist.test_images[:64], ckpt["preprocessing"])
-    report = parity_report(vit, cpu_session(entry / "model_attention.onnx"), x, logits_only=cpu_session(entry / "model.onnx"))
+    report = parity_report(
+        vit, cpu_session(entry / "model_attention.onnx"), x, logits_only=cpu_session(entry / "model.onnx")
+    )
     check_parity(report)
     # and the check does fail when the graph drifts from the weights
     with torch.no_grad():
@@ -103,8 +111,17 @@ def test_malformed_manifest_is_refused(tmp_path, entry):
 
 
 def test_int8_variant_records_its_own_accuracy(tiny_vit_checkpoint, tmp_path):
-    proc = run_module("export.vit", "--checkpoint", str(tiny_vit_checkpoint), "--repository", str(tmp_path),
-                      "--version", "3", "--int8", "--no-progress")  # fmt: skip
+    proc = run_module(
+        "export.vit",
+        "--checkpoint",
+        str(tiny_vit_checkpoint),
+        "--repository",
+        str(tmp_path),
+        "--version",
+        "3",
+        "--int8",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     m = read_manifest(tmp_path / "vit-int8" / "3")
     assert m["variant"]["precision"] == "int8"
@@ -114,8 +131,16 @@ def test_int8_variant_records_its_own_accuracy(tiny_vit_checkpoint, tmp_path):
 
 
 def test_export_refuses_to_overwrite_without_force(tiny_vit_checkpoint, tiny_vit_repository):
-    proc = run_module("export.vit", "--checkpoint", str(tiny_vit_checkpoint),
-                      "--repository", str(tiny_vit_repository), "--version", "1", "--no-progress")  # fmt: skip
+    proc = run_module(
+        "export.vit",
+        "--checkpoint",
+        str(tiny_vit_checkpoint),
+        "--repository",
+        str(tiny_vit_repository),
+        "--version",
+        "1",
+        "--no-progress",
+    )
     assert proc.returncode == 2 and "already exists" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -9,10 +9,25 @@ import torch
 import torch.nn.functional as F
 
 from model.seq2seq import (
-    Seq2Seq, Seq2SeqConfig, causal_mask, decoder_mask, greedy_decode, key_mask, padding_mask, sinusoidal,
-)  # fmt: skip
+    Seq2Seq,
+    Seq2SeqConfig,
+    causal_mask,
+    decoder_mask,
+    greedy_decode,
+    key_mask,
+    padding_mask,
+    sinusoidal,
+)
 
-SMALL = dict(vocab_size=40, dim=32, encoder_layers=2, decoder_layers=2, heads=4, ffn_dim=64, dropout=0.0)
+SMALL = {
+    "vocab_size": 40,
+    "dim": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "heads": 4,
+    "ffn_dim": 64,
+    "dropout": 0.0,
+}
 
 
 def small(**kw) -> Seq2Seq:
@@ -101,10 +116,13 @@ def test_decode_step_matches_the_full_decoder_at_every_position(norm):
     past_k, past_v, cache = m.empty_cache(3)
     for t in range(4):
         log_probs, past_k, past_v, self_p, cross_p = m.decode_step(
-            tgt[:, t : t + 1], torch.full((3, 1), t), past_k, past_v, cache, cross_k, cross_v, mask)
+            tgt[:, t : t + 1], torch.full((3, 1), t), past_k, past_v, cache, cross_k, cross_v, mask
+        )
         cache = torch.ones(3, t + 1, dtype=torch.bool)
         assert torch.allclose(log_probs, full[:, t], atol=1e-5)
-        assert past_k.shape == (2, 3, 4, t + 1, 8) and self_p.shape == (3, 2, 4, t + 1) and cross_p.shape == (3, 2, 4, 7)
+        assert (
+            past_k.shape == (2, 3, 4, t + 1, 8) and self_p.shape == (3, 2, 4, t + 1) and cross_p.shape == (3, 2, 4, 7)
+        )
         assert torch.allclose(self_p.sum(-1), torch.ones(3, 2, 4), atol=1e-5)
 
 

@@ -43,8 +43,18 @@ def test_same_seed_gives_identical_weights(tmp_path):
     """Reproducibility: the rebuild command retrains to the same weights, not merely similar ones."""
     states = []
     for run in ("a", "b"):
-        proc = run_module("model.train_vit", "--profile", "tiny", "--no-progress", "--max-steps", "8",
-                          "--seed", "7", "--out", str(tmp_path / run))  # fmt: skip
+        proc = run_module(
+            "model.train_vit",
+            "--profile",
+            "tiny",
+            "--no-progress",
+            "--max-steps",
+            "8",
+            "--seed",
+            "7",
+            "--out",
+            str(tmp_path / run),
+        )
         assert proc.returncode == 0, proc.stderr
         states.append(torch.load(tmp_path / run / "best.pt", weights_only=False)["state_dict"])
     assert states[0].keys() == states[1].keys()
@@ -56,8 +66,17 @@ def test_ema_keeps_an_average_of_the_weights(tmp_path):
     """With --ema the saved weights are the running average, not the last step's weights."""
     out = {}
     for name, extra in (("raw", []), ("ema", ["--ema", "0.9"])):
-        proc = run_module("model.train_vit", "--profile", "tiny", "--no-progress", "--max-steps", "8",
-                          "--out", str(tmp_path / name), *extra)  # fmt: skip
+        proc = run_module(
+            "model.train_vit",
+            "--profile",
+            "tiny",
+            "--no-progress",
+            "--max-steps",
+            "8",
+            "--out",
+            str(tmp_path / name),
+            *extra,
+        )
         assert proc.returncode == 0, proc.stderr
         out[name] = torch.load(tmp_path / name / "best.pt", weights_only=False)
     assert out["ema"]["training"]["hyperparameters"]["ema"] == 0.9
@@ -70,16 +89,39 @@ def test_trains_on_an_image_folder(tmp_path):
     from tests.model.test_data import make_folder
 
     make_folder(tmp_path / "images", labels=("cat", "dog", "owl"), per_label=12, size=(40, 30))
-    proc = run_module("model.train_vit", "--profile", "tiny", "--no-progress", "--dataset", "image-folder",
-                      "--data-dir", str(tmp_path / "images"), "--image-size", "16", "--channels", "3",
-                      "--patch-size", "4", "--val-fraction", "0.2", "--out", str(tmp_path / "ck"))  # fmt: skip
+    proc = run_module(
+        "model.train_vit",
+        "--profile",
+        "tiny",
+        "--no-progress",
+        "--dataset",
+        "image-folder",
+        "--data-dir",
+        str(tmp_path / "images"),
+        "--image-size",
+        "16",
+        "--channels",
+        "3",
+        "--patch-size",
+        "4",
+        "--val-fraction",
+        "0.2",
+        "--out",
+        str(tmp_path / "ck"),
+    )
     assert proc.returncode == 0, proc.stderr
     ckpt = torch.load(tmp_path / "ck" / "best.pt", weights_only=False)
     assert ckpt["config"]["image_size"] == 16 and ckpt["config"]["channels"] == 3
     assert ckpt["config"]["num_classes"] == 3 and ckpt["label_names"] == ["cat", "dog", "owl"]
     assert ckpt["preprocessing"]["color_mode"] == "RGB" and len(ckpt["preprocessing"]["mean"]) == 3
-    proc = run_module("export.vit", "--checkpoint", str(tmp_path / "ck" / "best.pt"),
-                      "--repository", str(tmp_path / "models"), "--no-progress")  # fmt: skip
+    proc = run_module(
+        "export.vit",
+        "--checkpoint",
+        str(tmp_path / "ck" / "best.pt"),
+        "--repository",
+        str(tmp_path / "models"),
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((tmp_path / "models" / "vit" / "1" / "manifest.json").read_text())
     assert manifest["graphs"]["model"]["inputs"][0]["shape"] == ["batch", 3, 16, 16]

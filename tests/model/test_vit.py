@@ -33,11 +33,11 @@ def test_shapes(cfg):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(image_size=28, patch_size=5), "multiple"),
-        (dict(dim=30, heads=4), "divisible"),
-        (dict(depth=0), "depth"),
-        (dict(dropout=1.5), "dropout"),
-        (dict(mlp_ratio=0), "mlp_ratio"),
+        ({"image_size": 28, "patch_size": 5}, "multiple"),
+        ({"dim": 30, "heads": 4}, "divisible"),
+        ({"depth": 0}, "depth"),
+        ({"dropout": 1.5}, "dropout"),
+        ({"mlp_ratio": 0}, "mlp_ratio"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, message):

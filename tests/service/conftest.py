@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tests.service.service_testing import BASE_ENV, SubprocessServer, ThreadServer, png_bytes, start_subprocess_server
+
 
 @pytest.fixture(scope="session")
 def fashion_test() -> tuple[np.ndarray, np.ndarray]:
@@ -45,9 +47,12 @@ def server(tiny_vit_repository, tmp_path_factory) -> Iterator[SubprocessServer]:
     """``python -m service`` with small limits, so every error case is cheap to provoke."""
     tmp = tmp_path_factory.mktemp("server")
     srv = start_subprocess_server(
-        tmp, tiny_vit_repository,
-        max_body_bytes=1 << 20, max_image_bytes=256 << 10, max_image_pixels=1_000_000,
-    )  # fmt: skip
+        tmp,
+        tiny_vit_repository,
+        max_body_bytes=1 << 20,
+        max_image_bytes=256 << 10,
+        max_image_pixels=1_000_000,
+    )
     try:
         srv.wait_ready()
         yield srv

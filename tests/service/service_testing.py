@@ -23,13 +23,18 @@ from pathlib import Path
 import httpx
 import numpy as np
 from PIL import Image
+from typing_extensions import Self
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 60.0
 
 # Settings every test server uses unless a test overrides them: one onnxruntime thread leaves a
 # core for the test client on a 2-core machine.
-BASE_ENV = {"ATTNSERVE_INTRA_OP_THREADS": "1", "ATTNSERVE_MAX_BATCH_SIZE": "16", "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "16"}
+BASE_ENV = {
+    "ATTNSERVE_INTRA_OP_THREADS": "1",
+    "ATTNSERVE_MAX_BATCH_SIZE": "16",
+    "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "16",
+}
 
 
 def free_port() -> int:
@@ -115,10 +120,14 @@ class SubprocessServer(Server):
 def start_subprocess_server(tmp_path: Path, repository: Path, **settings: str) -> SubprocessServer:
     port = free_port()
     env = {
-        **os.environ, **BASE_ENV, "PYTHONPATH": str(ROOT), "ATTNSERVE_PORT": str(port),
-        "ATTNSERVE_MODEL_REPOSITORY": str(repository), "ATTNSERVE_LOG_FORMAT": "json",
+        **os.environ,
+        **BASE_ENV,
+        "PYTHONPATH": str(ROOT),
+        "ATTNSERVE_PORT": str(port),
+        "ATTNSERVE_MODEL_REPOSITORY": str(repository),
+        "ATTNSERVE_LOG_FORMAT": "json",
         **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()},
-    }  # fmt: skip
+    }
     log_path = tmp_path / f"server-{port}.log"
     log_file = open(log_path, "w")  # noqa: SIM115 - owned by the process, closed with it
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
@@ -149,7 +158,7 @@ class ThreadServer(Server):
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="uvicorn-test", daemon=True)
 
-    def __enter__(self) -> ThreadServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         wait_until(lambda: self._server.started or not self._thread.is_alive(), what="uvicorn to start")
         if not self._server.started:

@@ -33,8 +33,14 @@ def reference_rollout(attention: np.ndarray, fusion: str) -> np.ndarray:
     layers, heads, n, _ = attention.shape
     result = [[float(i == j) for j in range(n)] for i in range(n)]
     for layer in range(layers):
-        fused = [[(sum if fusion == "mean" else max)(float(attention[layer, h, i, j]) for h in range(heads))
-                  / (heads if fusion == "mean" else 1) for j in range(n)] for i in range(n)]  # fmt: skip
+        fused = [
+            [
+                (sum if fusion == "mean" else max)(float(attention[layer, h, i, j]) for h in range(heads))
+                / (heads if fusion == "mean" else 1)
+                for j in range(n)
+            ]
+            for i in range(n)
+        ]
         a = [[fused[i][j] + (i == j) for j in range(n)] for i in range(n)]
         a = [[v / sum(row) for v in row] for row in a]
         result = [[sum(a[i][k] * result[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
@@ -73,20 +79,32 @@ def vit_spec(n=5) -> AttentionSpec:
 
 def a_vit_record(seed=0) -> AttentionRecord:
     image = np.random.default_rng(seed).integers(0, 255, (8, 8, 1), dtype=np.uint8)
-    return vit_record("vit", "1", vit_spec(), random_attention(seed=seed), image, {"label": "Bag", "index": 8, "score": 0.9})
+    return vit_record(
+        "vit", "1", vit_spec(), random_attention(seed=seed), image, {"label": "Bag", "index": 8, "score": 0.9}
+    )
 
 
 def a_translation_record() -> AttentionRecord:
-    maps = {"encoder_self_attention": random_attention(4, 2, 3), "decoder_self_attention": random_attention(2, 2, 4),
-            "cross_attention": random_attention(2, 2, 4)[..., :3]}  # fmt: skip
-    return translation_record("tr", "1", maps, ["▁a", "b", "</s>"], ["▁x", "y", "z", "</s>"], ["<s>", "▁x", "y", "z"], "xyz")
+    maps = {
+        "encoder_self_attention": random_attention(4, 2, 3),
+        "decoder_self_attention": random_attention(2, 2, 4),
+        "cross_attention": random_attention(2, 2, 4)[..., :3],
+    }
+    return translation_record(
+        "tr", "1", maps, ["▁a", "b", "</s>"], ["▁x", "y", "z", "</s>"], ["<s>", "▁x", "y", "z"], "xyz"
+    )
 
 
 def test_a_record_survives_its_bytes_exactly():
     for record in (a_vit_record(), a_translation_record()):
         back = AttentionRecord.from_bytes(record.to_bytes())
         assert (back.task, back.model, back.version, back.meta, back.created_at) == (
-            record.task, record.model, record.version, record.meta, record.created_at)  # fmt: skip
+            record.task,
+            record.model,
+            record.version,
+            record.meta,
+            record.created_at,
+        )
         for name, m in record.maps.items():
             assert np.array_equal(back.maps[name], m)
         assert (back.image is None) == (record.image is None)
@@ -133,7 +151,7 @@ def test_views_slice_layers_and_heads_and_refuse_what_the_record_lacks():
     assert data.shape == (1, 1, 4, 3) and layers == [1] and heads == [0]
     assert np.array_equal(data[0, 0], record.maps["cross_attention"][1, 0])
     assert map_names(record, "cross") == ["cross_attention"] and len(map_names(record, None)) == 3
-    for bad in (dict(layer=2), dict(layer=-1), dict(head=2)):
+    for bad in ({"layer": 2}, {"layer": -1}, {"head": 2}):
         with pytest.raises(InvalidField):
             select(record, "cross_attention", bad.get("layer"), bad.get("head"))
     with pytest.raises(InvalidField):

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tests.service.service_testing import serving
-from tests.service.test_attention import reference_rollout
 
 from service.attention import render
+from tests.service.service_testing import serving
+from tests.service.test_attention import reference_rollout
 
 TOL = 1e-5
 
@@ -44,9 +44,9 @@ def torch_vit(tiny_vit_checkpoint):
 
 @pytest.fixture(scope="module")
 def torch_translator(tiny_translator_checkpoint):
+    from contract.tokenizer import Tokenizer
     from model.seq2seq import Seq2Seq, Seq2SeqConfig
     from model.training import load_checkpoint
-    from contract.tokenizer import Tokenizer
 
     ckpt = load_checkpoint(tiny_translator_checkpoint)
     model = Seq2Seq(Seq2SeqConfig.from_dict(ckpt["config"])).eval()
@@ -88,15 +88,18 @@ def test_vit_attention_equals_pytorch_and_its_rollout_the_reference(server, fash
         assert body["prediction"] == result["top_k"][0] and body["task"] == "image-classification"
     maxed = classify(server, fashion_pngs[:1], return_attention=True, rollout_fusion="max").json()["results"][0]
     one = np.array(get(server, f"/attention/{maxed['attention_id']}").json()["maps"]["self_attention"]["data"])
-    np.testing.assert_allclose(maxed["attention"]["rollout"], reference_rollout(one, "max")[0, 1:].reshape(grid),
-                               atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        maxed["attention"]["rollout"], reference_rollout(one, "max")[0, 1:].reshape(grid), atol=1e-6
+    )
 
 
 def test_requests_without_attention_are_answered_as_before_even_beside_attention_ones(server, fashion_pngs):
     plain = [classify(server, [p]).json() for p in fashion_pngs[:16]]
     assert all(set(res) == {"top_k"} for body in plain for res in body["results"])
     with ThreadPoolExecutor(16) as pool:  # half of them ask for attention: batches mix both kinds
-        mixed = list(pool.map(lambda i: classify(server, [fashion_pngs[i]], return_attention=i % 2 == 1).json(), range(16)))
+        mixed = list(
+            pool.map(lambda i: classify(server, [fashion_pngs[i]], return_attention=i % 2 == 1).json(), range(16))
+        )
     for i, (alone, together) in enumerate(zip(plain, mixed)):
         assert together["results"][0]["top_k"] == alone["results"][0]["top_k"]
         assert ("attention_id" in together["results"][0]) == (i % 2 == 1)
@@ -109,10 +112,14 @@ def teacher_forced(model, tok, source: list[int], target: list[int]) -> dict[str
     with torch.no_grad():
         memory, enc = model.encode(src, mask, return_attention=True)
         keys, values = model.cross_kv(memory)
-        _, self_attn, cross = model.decode_prefix(torch.tensor([[model.cfg.bos_id, *target[:-1]]]), keys, values, mask,
-                                                  return_attention=True)  # fmt: skip
-    return {"encoder_self_attention": enc[0].numpy(), "decoder_self_attention": self_attn[0].numpy(),
-            "cross_attention": cross[0].numpy()}  # fmt: skip
+        _, self_attn, cross = model.decode_prefix(
+            torch.tensor([[model.cfg.bos_id, *target[:-1]]]), keys, values, mask, return_attention=True
+        )
+    return {
+        "encoder_self_attention": enc[0].numpy(),
+        "decoder_self_attention": self_attn[0].numpy(),
+        "cross_attention": cross[0].numpy(),
+    }
 
 
 def translate(srv, texts: list[str], **options) -> list[dict]:
@@ -123,8 +130,12 @@ def translate(srv, texts: list[str], **options) -> list[dict]:
 
 def test_translation_attention_is_the_returned_beams_own_and_equals_pytorch(server, torch_translator):
     model, tok = torch_translator
-    texts = ["Open the dialog.", "Select the cells you want to format and choose Format - Cells.", "Yes.",
-             "I've made one or two modifications to the original design."]  # fmt: skip
+    texts = [
+        "Open the dialog.",
+        "Select the cells you want to format and choose Format - Cells.",
+        "Yes.",
+        "I've made one or two modifications to the original design.",
+    ]
     greedy = translate(server, texts)
     differs = 0
     for text, result, alone in zip(texts, translate(server, texts, beam_size=4), greedy):
@@ -160,14 +171,19 @@ def test_heatmaps_are_pngs_of_the_expected_size_and_bad_slices_are_422(server, f
     vit_id = classify(server, fashion_pngs[:1], return_attention=True).json()["results"][0]["attention_id"]
     assert png_size(get(server, f"/attention/{vit_id}.png")) == render.VIT_SIZE
     assert png_size(get(server, f"/attention/{vit_id}.png", kind="attention", layer=0, head=1)) == render.VIT_SIZE
-    result = httpx.post(server.url + "/translate", json={"text": "Open the dialog.", "return_attention": True},
-                        timeout=60).json()["results"][0]  # fmt: skip
+    result = httpx.post(
+        server.url + "/translate", json={"text": "Open the dialog.", "return_attention": True}, timeout=60
+    ).json()["results"][0]
     tr_id, rows, cols = result["attention_id"], len(result["attention"]["target_tokens"]), len(result["source_tokens"])
     assert png_size(get(server, f"/attention/{tr_id}.png")) == render.grid_size(rows, cols)
     assert png_size(get(server, f"/attention/{tr_id}.png", kind="encoder", head=0)) == render.grid_size(cols, cols)
-    for path, params in [(f"/attention/{vit_id}.png", {"kind": "attention", "layer": 99}),
-                         (f"/attention/{vit_id}", {"head": 99}), (f"/attention/{tr_id}", {"kind": "rollout"}),
-                         (f"/attention/{tr_id}.png", {"layer": -1}), (f"/attention/{vit_id}", {"layer": "x"})]:  # fmt: skip
+    for path, params in [
+        (f"/attention/{vit_id}.png", {"kind": "attention", "layer": 99}),
+        (f"/attention/{vit_id}", {"head": 99}),
+        (f"/attention/{tr_id}", {"kind": "rollout"}),
+        (f"/attention/{tr_id}.png", {"layer": -1}),
+        (f"/attention/{vit_id}", {"layer": "x"}),
+    ]:
         r = get(server, path, **params)
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_field", (path, params, r.text)
     for path in ("/attention/no-such-id", "/attention/no-such-id.png"):
@@ -178,11 +194,15 @@ def test_heatmaps_are_pngs_of_the_expected_size_and_bad_slices_are_422(server, f
 def test_npz_download_by_query_or_accept_header(server, fashion_pngs):
     aid = classify(server, fashion_pngs[:1], return_attention=True).json()["results"][0]["attention_id"]
     as_json = get(server, f"/attention/{aid}", layer=1).json()
-    for r in (get(server, f"/attention/{aid}", layer=1, format="npz"),
-              httpx.get(server.url + f"/attention/{aid}?layer=1", headers={"Accept": "application/x-npz"})):  # fmt: skip
+    for r in (
+        get(server, f"/attention/{aid}", layer=1, format="npz"),
+        httpx.get(server.url + f"/attention/{aid}?layer=1", headers={"Accept": "application/x-npz"}),
+    ):
         assert r.status_code == 200 and r.headers["content-type"] == "application/x-npz"
         with np.load(io.BytesIO(r.content)) as npz:
-            assert np.array_equal(npz["self_attention"], np.array(as_json["maps"]["self_attention"]["data"], np.float32))
+            assert np.array_equal(
+                npz["self_attention"], np.array(as_json["maps"]["self_attention"]["data"], np.float32)
+            )
 
 
 def test_ids_expire_after_the_ttl(thread_server, fashion_pngs):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from tests.service.service_testing import free_port, start_subprocess_server, wait_until
 
 
@@ -30,8 +31,22 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]  # fmt: skip
+        args = [
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--maxmemory",
+            "64mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ]
         self.proc = subprocess.Popen([self.exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(self._accepts, timeout=20, what=f"redis-server on port {self.port}")
 
@@ -59,8 +74,16 @@ def redis(tmp_path_factory):
 @pytest.fixture(scope="module")
 def replicas(redis, both_repository, tmp_path_factory):
     repo = both_repository
-    servers = [start_subprocess_server(tmp_path_factory.mktemp(f"replica{i}"), repo, attention_store="redis",
-                                       redis_url=redis.url, redis_timeout_s=0.3) for i in range(2)]  # fmt: skip
+    servers = [
+        start_subprocess_server(
+            tmp_path_factory.mktemp(f"replica{i}"),
+            repo,
+            attention_store="redis",
+            redis_url=redis.url,
+            redis_timeout_s=0.3,
+        )
+        for i in range(2)
+    ]
     try:
         for s in servers:
             s.wait_ready()
@@ -79,8 +102,9 @@ def classify(srv, png: bytes, **options) -> dict:
 def test_replicas_serve_each_others_ids(replicas, fashion_pngs):
     a, b = replicas
     vit = classify(a, fashion_pngs[0], return_attention=True)
-    tr = httpx.post(a.url + "/translate", json={"text": "Open the dialog.", "return_attention": True},
-                    timeout=60).json()["results"][0]  # fmt: skip
+    tr = httpx.post(
+        a.url + "/translate", json={"text": "Open the dialog.", "return_attention": True}, timeout=60
+    ).json()["results"][0]
     for aid in (vit["attention_id"], tr["attention_id"]):
         here, there = httpx.get(f"{a.url}/attention/{aid}"), httpx.get(f"{b.url}/attention/{aid}")
         assert here.status_code == there.status_code == 200, there.text

@@ -116,7 +116,7 @@ def rows(*values: float) -> np.ndarray:
 
 
 def make_batcher(model, **kw) -> Batcher:
-    args = dict(max_batch_size=8, max_queue_images=32, max_queue_delay_s=0.002, intake=Intake())
+    args = {"max_batch_size": 8, "max_queue_images": 32, "max_queue_delay_s": 0.002, "intake": Intake()}
     return Batcher("test", model, **{**args, **kw})
 
 
@@ -167,8 +167,16 @@ def test_prepare_runs_on_the_loop_per_request_finish_once_per_batch_and_only_the
             threads["run"].append(threading.get_ident())
             return model(x, attention)
 
-        batcher = Batcher("test", run, prepare=prepare, finish=finish, max_batch_size=8, max_queue_images=32,
-                          max_queue_delay_s=0.002, intake=Intake())  # fmt: skip
+        batcher = Batcher(
+            "test",
+            run,
+            prepare=prepare,
+            finish=finish,
+            max_batch_size=8,
+            max_queue_images=32,
+            max_queue_delay_s=0.002,
+            intake=Intake(),
+        )
         batcher.start()
         model.gate.clear()
         first = batcher.submit(rows(1))
@@ -399,7 +407,11 @@ def test_a_batch_takes_at_most_its_share_of_the_queue_per_instance():
         return sizes, results
 
     sizes, results = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
-    assert sizes[:2] == [1, 1] and sorted(sizes[2:]) == [1, 2, 3]  # 6 queued, 2 instances: 3, then 2 of the 3 left, then 1
+    assert sizes[:2] == [1, 1] and sorted(sizes[2:]) == [
+        1,
+        2,
+        3,
+    ]  # 6 queued, 2 instances: 3, then 2 of the 3 left, then 1
     assert [r.tolist() for r in results[2:]] == [[[2.0 * v]] for v in range(1, 7)]
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.classifier import Classifier, Preprocessing, ranked_softmax
 from contract.manifest import ManifestError, load_entry
+from service.classifier import Classifier, Preprocessing, ranked_softmax
 from service.runtime import create_session
 from service.settings import Settings
 
@@ -103,11 +103,21 @@ def test_a_manifest_that_does_not_describe_the_graph_is_refused(entry, classifie
 @pytest.mark.parametrize("channels", [1, 3])
 def test_the_normalisation_table_gives_the_training_arithmetic_bit_for_bit(channels):
     rng = np.random.default_rng(channels)
-    prep = Preprocessing(8, channels, "L" if channels == 1 else "RGB", np.float32(1 / 255),
-                         rng.random(channels, np.float32), rng.random(channels, np.float32) + 0.05)  # fmt: skip
-    pixels = np.concatenate([np.arange(256, dtype=np.uint8).repeat(channels), rng.integers(0, 256, 5 * 64 * channels - 256 * channels)])
+    prep = Preprocessing(
+        8,
+        channels,
+        "L" if channels == 1 else "RGB",
+        np.float32(1 / 255),
+        rng.random(channels, np.float32),
+        rng.random(channels, np.float32) + 0.05,
+    )
+    pixels = np.concatenate(
+        [np.arange(256, dtype=np.uint8).repeat(channels), rng.integers(0, 256, 5 * 64 * channels - 256 * channels)]
+    )
     pixels = pixels.astype(np.uint8).reshape(5, 8, 8, channels)
-    arithmetic = np.ascontiguousarray((((pixels.astype(np.float32) * prep.scale) - prep.mean) / prep.std).transpose(0, 3, 1, 2))
+    arithmetic = np.ascontiguousarray(
+        (((pixels.astype(np.float32) * prep.scale) - prep.mean) / prep.std).transpose(0, 3, 1, 2)
+    )
     ours = prep.normalize(pixels)
     assert ours.dtype == np.float32 and ours.flags.c_contiguous and ours.shape == (5, channels, 8, 8)
     assert np.array_equal(ours.view(np.uint32), arithmetic.view(np.uint32))  # every one of the 256 values, every bit

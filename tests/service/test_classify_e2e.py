@@ -64,7 +64,7 @@ def test_top_k_is_best_first_and_of_the_requested_length(server, fashion_pngs, o
         r = client.post("/classify", json=json_body(fashion_pngs[:2], top_k=3))
     for res, p in zip(r.json()["results"], offline_probabilities):
         assert [t["index"] for t in res["top_k"]] == list(np.argsort(-p, kind="stable")[:3])
-        assert [t["label"] for t in res["top_k"]][0] and len(res["top_k"]) == 3
+        assert next(t["label"] for t in res["top_k"]) and len(res["top_k"]) == 3
 
 
 def test_json_and_multipart_give_the_same_answer(server, fashion_pngs):
@@ -183,33 +183,46 @@ def _noise_png(side: int) -> bytes:
 
 
 ERROR_CASES = {
-    "undecodable image": (dict(json={"images": [_b64(b"not an image at all")]}), 400, "undecodable_image"),
-    "truncated image": (dict(json={"images": [_b64(_png(28, 28)[:40])]}), 400, "undecodable_image"),
-    "invalid base64": (dict(json={"images": ["@@@not-base64@@@"]}), 400, "invalid_base64"),
-    "invalid JSON": (dict(content=b"{nope", headers={"Content-Type": "application/json"}), 400, "invalid_json"),
+    "undecodable image": ({"json": {"images": [_b64(b"not an image at all")]}}, 400, "undecodable_image"),
+    "truncated image": ({"json": {"images": [_b64(_png(28, 28)[:40])]}}, 400, "undecodable_image"),
+    "invalid base64": ({"json": {"images": ["@@@not-base64@@@"]}}, 400, "invalid_base64"),
+    "invalid JSON": ({"content": b"{nope", "headers": {"Content-Type": "application/json"}}, 400, "invalid_json"),
     "malformed multipart": (
-        dict(content=b"garbage", headers={"Content-Type": "multipart/form-data"}), 400, "invalid_multipart"
+        {"content": b"garbage", "headers": {"Content-Type": "multipart/form-data"}},
+        400,
+        "invalid_multipart",
     ),
-    "unknown model": (dict(json={"images": [_b64(_png(28, 28))], "model": "nope"}), 404, "model_not_found"),
-    "body too large": (dict(content=b"x" * ((1 << 20) + 1), headers={"Content-Type": "application/json"}),
-                       413, "body_too_large"),  # fmt: skip
-    "image too many bytes": (dict(files=[("file", ("n.png", _noise_png(600), "image/png"))]), 413, "image_too_large"),
-    "image too many pixels": (dict(json={"images": [_b64(_png(1001, 1000))]}), 413, "image_too_large"),
-    "unsupported content type": (dict(content=b"hello", headers={"Content-Type": "text/plain"}), 415,
-                                 "unsupported_media_type"),  # fmt: skip
-    "no content type": (dict(content=b""), 415, "unsupported_media_type"),
-    "top_k zero": (dict(json={"images": [_b64(_png(28, 28))], "top_k": 0}), 422, "invalid_field"),
-    "top_k above labels": (dict(json={"images": [_b64(_png(28, 28))], "top_k": 11}), 422, "invalid_field"),
-    "top_k not a number": (dict(files=[("file", ("a.png", _png(28, 28), "image/png"))], data={"top_k": "many"}),
-                           422, "invalid_field"),  # fmt: skip
-    "too many images": (dict(json={"images": [_b64(_png(28, 28))] * 17}), 422, "invalid_field"),
-    "no images": (dict(json={"images": []}), 422, "invalid_field"),
-    "images not a list": (dict(json={"images": "abc"}), 422, "invalid_field"),
-    "unknown field": (dict(json={"images": [_b64(_png(28, 28))], "topk": 3}), 422, "invalid_field"),
-    "rollout fusion": (dict(json={"images": [_b64(_png(28, 28))], "return_attention": True, "rollout_fusion": "min"}),
-                       422, "invalid_field"),  # fmt: skip
-    "multipart without file": (dict(files=[("image", ("a.png", _png(28, 28), "image/png"))]), 422,
-                               "invalid_field"),  # fmt: skip
+    "unknown model": ({"json": {"images": [_b64(_png(28, 28))], "model": "nope"}}, 404, "model_not_found"),
+    "body too large": (
+        {"content": b"x" * ((1 << 20) + 1), "headers": {"Content-Type": "application/json"}},
+        413,
+        "body_too_large",
+    ),
+    "image too many bytes": ({"files": [("file", ("n.png", _noise_png(600), "image/png"))]}, 413, "image_too_large"),
+    "image too many pixels": ({"json": {"images": [_b64(_png(1001, 1000))]}}, 413, "image_too_large"),
+    "unsupported content type": (
+        {"content": b"hello", "headers": {"Content-Type": "text/plain"}},
+        415,
+        "unsupported_media_type",
+    ),
+    "no content type": ({"content": b""}, 415, "unsupported_media_type"),
+    "top_k zero": ({"json": {"images": [_b64(_png(28, 28))], "top_k": 0}}, 422, "invalid_field"),
+    "top_k above labels": ({"json": {"images": [_b64(_png(28, 28))], "top_k": 11}}, 422, "invalid_field"),
+    "top_k not a number": (
+        {"files": [("file", ("a.png", _png(28, 28), "image/png"))], "data": {"top_k": "many"}},
+        422,
+        "invalid_field",
+    ),
+    "too many images": ({"json": {"images": [_b64(_png(28, 28))] * 17}}, 422, "invalid_field"),
+    "no images": ({"json": {"images": []}}, 422, "invalid_field"),
+    "images not a list": ({"json": {"images": "abc"}}, 422, "invalid_field"),
+    "unknown field": ({"json": {"images": [_b64(_png(28, 28))], "topk": 3}}, 422, "invalid_field"),
+    "rollout fusion": (
+        {"json": {"images": [_b64(_png(28, 28))], "return_attention": True, "rollout_fusion": "min"}},
+        422,
+        "invalid_field",
+    ),
+    "multipart without file": ({"files": [("image", ("a.png", _png(28, 28), "image/png"))]}, 422, "invalid_field"),
 }
 
 
@@ -228,9 +241,12 @@ def test_every_error_case_answers_its_status_and_json_body(server, case):
 
 @pytest.mark.parametrize(
     "method, path, status, code",
-    [("GET", "/nope", 404, "not_found"), ("GET", "/classify", 405, "method_not_allowed"),
-     ("DELETE", "/models", 405, "method_not_allowed")],
-)  # fmt: skip
+    [
+        ("GET", "/nope", 404, "not_found"),
+        ("GET", "/classify", 405, "method_not_allowed"),
+        ("DELETE", "/models", 405, "method_not_allowed"),
+    ],
+)
 def test_unknown_routes_and_methods_answer_json_errors_too(server, method, path, status, code):
     r = httpx.request(method, server.url + path)
     assert r.status_code == status

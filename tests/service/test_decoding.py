@@ -13,7 +13,16 @@ import onnxruntime as ort
 import pytest
 
 from contract.decoding import (
-    DecodeBatch, DecoderSpec, Request, beam_search, concatenate, greedy, pad_sources, run_to_end, session_fn, step,
+    DecodeBatch,
+    DecoderSpec,
+    Request,
+    beam_search,
+    concatenate,
+    greedy,
+    pad_sources,
+    run_to_end,
+    session_fn,
+    step,
 )
 
 PAD, BOS, EOS, A, B = range(5)
@@ -90,7 +99,10 @@ def test_pad_sources_refuses_empty_input():
 def tiny_graphs(tiny_translator_repository):
     entry = tiny_translator_repository / "translator" / "1"
     spec = DecoderSpec.from_manifest(json.loads((entry / "manifest.json").read_text()))
-    sessions = [ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]) for f in ("encoder.onnx", "decoder.onnx")]
+    sessions = [
+        ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])
+        for f in ("encoder.onnx", "decoder.onnx")
+    ]
     return session_fn(sessions[0]), session_fn(sessions[1]), spec
 
 
@@ -124,7 +136,9 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
         finished += done
     assert sorted(r.id for r in finished) == sorted(r.id for r in first + late)
     for r in first + late:
-        (alone,) = run_to_end(enc, dec, [Request(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec)
+        (alone,) = run_to_end(
+            enc, dec, [Request(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec
+        )
         assert [h.tokens for h in r.results()] == [h.tokens for h in alone.results()]
         np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
         assert len(r.results()) == r.num_return and all(len(h.tokens) <= r.max_new_tokens for h in r.results())
@@ -143,7 +157,7 @@ def test_a_cancelled_request_leaves_at_the_next_step(tiny_graphs):
 
 
 def test_request_options_are_validated():
-    for bad in (dict(source=[]), dict(beam=0), dict(max_new_tokens=0), dict(num_return=3, beam=2)):
+    for bad in ({"source": []}, {"beam": 0}, {"max_new_tokens": 0}, {"num_return": 3, "beam": 2}):
         with pytest.raises(ValueError):
             Request(**{"source": [5, 2], "max_new_tokens": 4, **bad})
 

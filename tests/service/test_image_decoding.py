@@ -44,12 +44,25 @@ def training_pixels(data: bytes, tmp_path, size: int, mode: str) -> np.ndarray:
 @pytest.mark.parametrize(
     "fmt, source_mode, save_args",
     [
-        ("PNG", "RGB", {}), ("PNG", "RGBA", {}), ("PNG", "L", {}), ("PNG", "LA", {}), ("PNG", "P", {}),
-        ("PNG", "1", {}), ("PNG", "I;16", {}), ("JPEG", "RGB", {"quality": 90}), ("JPEG", "L", {}),
-        ("JPEG", "CMYK", {}), ("WEBP", "RGB", {"lossless": True}), ("WEBP", "RGBA", {"quality": 80}),
-        ("BMP", "RGB", {}), ("BMP", "P", {}), ("GIF", "P", {}), ("TIFF", "RGB", {}), ("TIFF", "F", {}),
+        ("PNG", "RGB", {}),
+        ("PNG", "RGBA", {}),
+        ("PNG", "L", {}),
+        ("PNG", "LA", {}),
+        ("PNG", "P", {}),
+        ("PNG", "1", {}),
+        ("PNG", "I;16", {}),
+        ("JPEG", "RGB", {"quality": 90}),
+        ("JPEG", "L", {}),
+        ("JPEG", "CMYK", {}),
+        ("WEBP", "RGB", {"lossless": True}),
+        ("WEBP", "RGBA", {"quality": 80}),
+        ("BMP", "RGB", {}),
+        ("BMP", "P", {}),
+        ("GIF", "P", {}),
+        ("TIFF", "RGB", {}),
+        ("TIFF", "F", {}),
     ],
-)  # fmt: skip
+)
 def test_conversion_matches_training_for_every_format_and_mode(tmp_path, fmt, source_mode, save_args, color_mode):
     data = encode(photo(mode=source_mode), fmt, **save_args)
     got = decode(data, LIMITS, 28, color_mode)

@@ -66,8 +66,14 @@ def test_access_lines_written_directly_are_the_lines_logging_writes():
         for path, status in (("/classify", 200), ('/odd"path\\', 404)):
             access.log(logging.INFO, "POST", path, status, 1.234, "127.0.0.1", "rid-1")
             _, token = bind_request_id("rid-1")
-            reference.log(logging.INFO, "%s %s %d", "POST", path, status, extra={
-                "method": "POST", "path": path, "status": status, "duration_ms": 1.234, "client": "127.0.0.1"})  # fmt: skip
+            reference.log(
+                logging.INFO,
+                "%s %s %d",
+                "POST",
+                path,
+                status,
+                extra={"method": "POST", "path": path, "status": status, "duration_ms": 1.234, "client": "127.0.0.1"},
+            )
             unbind_request_id(token)
         access.log(logging.DEBUG, "GET", "/healthz", 200, 0.1, None, "rid-2")  # below the level: not written
         written = [direct.getvalue()]
@@ -96,7 +102,12 @@ def test_access_lines_go_through_logging_when_it_is_set_up_otherwise(caplog):
     record = next(r for r in caplog.records if r.name == "t_other.access")
     assert record.getMessage() == "POST /classify 200"
     assert (record.method, record.path, record.status, record.duration_ms, record.client) == (
-        "POST", "/classify", 200, 2.5, "10.0.0.1")  # fmt: skip
+        "POST",
+        "/classify",
+        200,
+        2.5,
+        "10.0.0.1",
+    )
 
 
 def test_access_lines_wait_at_most_for_a_full_batch_or_the_service_stopping():

@@ -77,8 +77,10 @@ def test_real_fashion_mnist_pngs_take_the_fast_path_with_pillows_pixels(fashion_
 
 
 @pytest.mark.parametrize("mode", ["L", "RGB"])
-@pytest.mark.parametrize("save_args", [{"compress_level": 0}, {"compress_level": 1}, {"compress_level": 9},
-                                       {"optimize": True}, {"dpi": (300, 300)}])  # fmt: skip
+@pytest.mark.parametrize(
+    "save_args",
+    [{"compress_level": 0}, {"compress_level": 1}, {"compress_level": 9}, {"optimize": True}, {"dpi": (300, 300)}],
+)
 def test_every_encoding_of_the_models_mode_and_size_is_identical(tmp_path, mode, save_args):
     fast_and_identical(encode(photo(28, 28, mode), "PNG", **save_args), tmp_path, mode)
 
@@ -89,8 +91,15 @@ def test_interlaced_pngs_are_identical(tmp_path, mode):
     np.testing.assert_array_equal(fast_and_identical(interlaced(pixels), tmp_path, mode), pixels)
 
 
-@pytest.mark.parametrize("kind, body", [(b"gAMA", struct.pack(">I", 45455)), (b"sRGB", b"\x00"),
-                                        (b"pHYs", struct.pack(">IIB", 2835, 2835, 1)), (b"sBIT", b"\x05")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, body",
+    [
+        (b"gAMA", struct.pack(">I", 45455)),
+        (b"sRGB", b"\x00"),
+        (b"pHYs", struct.pack(">IIB", 2835, 2835, 1)),
+        (b"sBIT", b"\x05"),
+    ],
+)
 def test_chunks_pillow_does_not_apply_keep_the_fast_path(tmp_path, kind, body):
     fast_and_identical(insert(encode(photo(28, 28, "L"), "PNG"), kind, body), tmp_path)
 
@@ -118,9 +127,22 @@ def exif_png(orientation: int) -> bytes:
         (insert(encode(photo(28, 28, "L"), "PNG"), b"prVt", b"data"), "L"),  # unknown chunk
         (encode(photo(28, 28, "L"), "GIF"), "L"),
     ],
-    ids=["L-for-RGB", "RGB-for-L", "RGBA", "LA", "palette", "16-bit", "1-bit", "other-size", "tRNS", "eXIf",
-         "tEXt", "private-chunk", "gif"],
-)  # fmt: skip
+    ids=[
+        "L-for-RGB",
+        "RGB-for-L",
+        "RGBA",
+        "LA",
+        "palette",
+        "16-bit",
+        "1-bit",
+        "other-size",
+        "tRNS",
+        "eXIf",
+        "tEXt",
+        "private-chunk",
+        "gif",
+    ],
+)
 def test_files_whose_pixels_pillow_changes_go_through_pillow(tmp_path, data, mode):
     assert not png.plain(data, 28, mode) and png.decode(data, 28, mode) is None
     np.testing.assert_array_equal(decode(data, LIMITS, 28, mode), training_pixels(data, tmp_path, 28, mode))

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from service.runtime import (
-    CPU, CUDA, RuntimeUnavailable, check_gpu_available, create_session, requested_providers, session_options,
-)  # fmt: skip
+    CPU,
+    CUDA,
+    RuntimeUnavailable,
+    check_gpu_available,
+    create_session,
+    requested_providers,
+    session_options,
+)
 from service.settings import Settings
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.service.test_decoding import A, B, EOS, LONG, SPEC, TRAP, bigram_graphs
 
 from contract.decoding import DecodeBatch, Request, step
 from service.errors import InferenceFailed, InvalidField, Overloaded
 from service.scheduler import Scheduler
+from tests.service.test_decoding import EOS, LONG, SPEC, TRAP, A, B, bigram_graphs
 
 
 class BigramTranslator:
@@ -31,7 +31,9 @@ def run(coro):
 
 
 async def with_scheduler(body, translator=None, **limits):
-    sched = Scheduler("t", translator or BigramTranslator(), **{"max_running_rows": 8, "max_waiting_rows": 16, **limits})
+    sched = Scheduler(
+        "t", translator or BigramTranslator(), **{"max_running_rows": 8, "max_waiting_rows": 16, **limits}
+    )
     sched.start()
     try:
         return await body(sched)

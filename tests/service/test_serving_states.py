@@ -99,16 +99,23 @@ def test_readiness_is_503_until_warm_up_finished(thread_server, monkeypatch, fas
 def test_a_full_queue_answers_503_with_retry_after_and_the_queued_requests_complete(
     thread_server, gated_run, fashion_pngs
 ):
-    settings = dict(max_batch_size=2, max_images_per_request=2, max_queue_images=2, retry_after_s=3,
-                    model_instances=1)  # one batch held in flight, the next one queued behind it
+    settings = {
+        "max_batch_size": 2,
+        "max_images_per_request": 2,
+        "max_queue_images": 2,
+        "retry_after_s": 3,
+        "model_instances": 1,
+    }  # one batch held in flight, the next one queued behind it
     with thread_server(**settings) as srv, ThreadPoolExecutor(4) as pool:
         srv.wait_ready()
         gated_run.hold()
         running = pool.submit(httpx.post, srv.url + "/classify", json=body(fashion_pngs[:1]), timeout=60)
         assert gated_run.entered.wait(timeout=60)
         queued = pool.submit(httpx.post, srv.url + "/classify", json=body(fashion_pngs[1:3]), timeout=60)
-        wait_until(lambda: metric_value(srv.get("/metrics").text, "attnserve_queue_images", model="vit") == 2,
-                   what="two images queued")  # fmt: skip
+        wait_until(
+            lambda: metric_value(srv.get("/metrics").text, "attnserve_queue_images", model="vit") == 2,
+            what="two images queued",
+        )
         refused = httpx.post(srv.url + "/classify", json=body(fashion_pngs[3:4]))
         gated_run.open.set()
         assert running.result().status_code == 200 and queued.result().status_code == 200
@@ -165,8 +172,10 @@ def test_an_unexpected_exception_is_a_json_500_with_the_traceback_only_in_the_lo
 def raw_post(url: str, payload: bytes) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
-    head = (f"POST /classify HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /classify HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + payload)
     return sock
 
@@ -181,14 +190,23 @@ def test_a_request_whose_client_left_is_dropped_before_compute(thread_server, ga
         running = pool.submit(httpx.post, srv.url + "/classify", json=body(fashion_pngs[:1]), timeout=60)
         assert gated_run.entered.wait(timeout=60)
         leaving = raw_post(srv.url, json.dumps(body(fashion_pngs[1:4])).encode())
-        wait_until(lambda: metric_value(srv.get("/metrics").text, "attnserve_queue_images", model="vit") == 3,
-                   what="the leaving client's request to be queued")  # fmt: skip
+        wait_until(
+            lambda: metric_value(srv.get("/metrics").text, "attnserve_queue_images", model="vit") == 3,
+            what="the leaving client's request to be queued",
+        )
         leaving.close()
-        wait_until(lambda: metric_value(srv.get("/metrics").text, "attnserve_http_requests_total",
-                                        route="/classify", status="499") == 1, what="the disconnect to be seen")  # fmt: skip
+        wait_until(
+            lambda: (
+                metric_value(srv.get("/metrics").text, "attnserve_http_requests_total", route="/classify", status="499")
+                == 1
+            ),
+            what="the disconnect to be seen",
+        )
         gated_run.open.set()
         assert running.result().status_code == 200
-        wait_until(lambda: metric_value(srv.get("/metrics").text, "attnserve_dropped_requests_total", model="vit") == 1,
-                   what="the abandoned request to be dropped")  # fmt: skip
+        wait_until(
+            lambda: metric_value(srv.get("/metrics").text, "attnserve_dropped_requests_total", model="vit") == 1,
+            what="the abandoned request to be dropped",
+        )
         assert httpx.post(srv.url + "/classify", json=body(fashion_pngs[:2])).status_code == 200
     assert gated_run.sizes == [1, 2]  # the first request, then the last one: the 3 abandoned images never ran

@@ -58,7 +58,8 @@ def test_refuses_unsafe_or_contradictory_values(overrides, complaint):
 
 def test_python_m_service_refuses_bad_settings_with_a_clear_message():
     env = {"PATH": "/usr/bin:/bin", "ATTNSERVE_MAX_BATCH_SIZE": "4", "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "8"}
-    proc = subprocess.run([sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 2
     assert "invalid settings" in proc.stderr and "max_images_per_request" in proc.stderr

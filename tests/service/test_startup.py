@@ -30,7 +30,7 @@ def test_a_corrupted_model_file_keeps_the_service_not_ready_with_a_clear_log_lin
 ):
     srv = start_subprocess_server(tmp_path, corrupted_repository)
     try:
-        status, headers, body = _terminal_readiness(srv)
+        status, _headers, body = _terminal_readiness(srv)
         assert status == 503 and body["models"] == {"vit/1": "failed"}
         assert body["error"]["code"] == "not_ready" and "sha256 mismatch" in body["error"]["message"]
         assert srv.get("/healthz").status_code == 200
@@ -43,8 +43,9 @@ def test_a_corrupted_model_file_keeps_the_service_not_ready_with_a_clear_log_lin
     finally:
         srv.stop()
     errors = [e for e in srv.logs() if e.get("level") == "error"]
-    assert any("vit/1" in e["message"] and "sha256 mismatch" in e["message"] and "model.onnx" in e["message"]
-               for e in errors), errors  # fmt: skip
+    assert any(
+        "vit/1" in e["message"] and "sha256 mismatch" in e["message"] and "model.onnx" in e["message"] for e in errors
+    ), errors
 
 
 def test_an_empty_repository_is_not_ready_and_says_so(tmp_path):

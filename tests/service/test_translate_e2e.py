@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import onnxruntime as ort
 import pytest
-from tests.service.service_testing import BASE_ENV, metric_value, serving, wait_until
 
 from contract.decoding import DecoderSpec, greedy, session_fn
 from contract.tokenizer import Tokenizer
+from tests.service.service_testing import BASE_ENV, metric_value, serving, wait_until
 
 TEXTS = [
     "Open the dialog.",
@@ -46,8 +46,10 @@ def offline(repository):
     """Greedy decoding straight on onnxruntime sessions of the same entry: the reference."""
     entry = repository / "translator" / "1"
     spec = DecoderSpec.from_manifest(json.loads((entry / "manifest.json").read_text()))
-    enc, dec = (session_fn(ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]))
-                for f in ("encoder.onnx", "decoder.onnx"))  # fmt: skip
+    enc, dec = (
+        session_fn(ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]))
+        for f in ("encoder.onnx", "decoder.onnx")
+    )
     tok = Tokenizer.load(entry / "tokenizer.model")
 
     def translate(text: str) -> str:
@@ -83,8 +85,10 @@ def test_nbest_is_sorted_and_its_first_is_the_single_best(server):
 
 
 def test_results_do_not_depend_on_what_else_is_in_the_batch(server):
-    cases = [dict(text=TEXTS[i % len(TEXTS)] * (1 + i % 3), beam_size=1 + (i % 4 == 1) * 3 + (i % 4 == 3))
-             for i in range(24)]  # fmt: skip
+    cases = [
+        {"text": TEXTS[i % len(TEXTS)] * (1 + i % 3), "beam_size": 1 + (i % 4 == 1) * 3 + (i % 4 == 3)}
+        for i in range(24)
+    ]
     alone = [post(server, **c).json() for c in cases]
     with ThreadPoolExecutor(24) as pool:
         together = list(pool.map(lambda c: post(server, **c).json(), cases))
@@ -119,24 +123,24 @@ def test_models_lists_the_translator_with_its_scheduler(server):
 
 
 BAD = {
-    "empty text": (dict(text=""), 422, "invalid_field"),
-    "whitespace": (dict(texts=["fine", " \n\t "]), 422, "invalid_field"),
-    "both": (dict(text="a", texts=["b"]), 422, "invalid_field"),
-    "neither": (dict(beam_size=2), 422, "invalid_field"),
-    "empty list": (dict(texts=[]), 422, "invalid_field"),
-    "not a string": (dict(text=5), 422, "invalid_field"),
-    "too many texts": (dict(texts=["a"] * 33), 422, "invalid_field"),
-    "too long": (dict(text="word " * 100), 413, "text_too_long"),
-    "beam too large": (dict(text="a", beam_size=9), 422, "invalid_field"),
-    "beam zero": (dict(text="a", beam_size=0), 422, "invalid_field"),
-    "n-best over beam": (dict(text="a", beam_size=2, num_return_sequences=3), 422, "invalid_field"),
-    "max_new_tokens": (dict(text="a", max_new_tokens=100_000), 422, "invalid_field"),
-    "length penalty": (dict(text="a", length_penalty=-1), 422, "invalid_field"),
-    "attention not a bool": (dict(text="a", return_attention="yes"), 422, "invalid_field"),
-    "stream two": (dict(texts=["a", "b"], stream=True), 422, "invalid_field"),
-    "unknown field": (dict(text="a", temperature=0.7), 422, "invalid_field"),
-    "unknown model": (dict(text="a", model="nope"), 404, "model_not_found"),
-    "a classifier": (dict(text="a", model="vit"), 404, "model_not_found"),
+    "empty text": ({"text": ""}, 422, "invalid_field"),
+    "whitespace": ({"texts": ["fine", " \n\t "]}, 422, "invalid_field"),
+    "both": ({"text": "a", "texts": ["b"]}, 422, "invalid_field"),
+    "neither": ({"beam_size": 2}, 422, "invalid_field"),
+    "empty list": ({"texts": []}, 422, "invalid_field"),
+    "not a string": ({"text": 5}, 422, "invalid_field"),
+    "too many texts": ({"texts": ["a"] * 33}, 422, "invalid_field"),
+    "too long": ({"text": "word " * 100}, 413, "text_too_long"),
+    "beam too large": ({"text": "a", "beam_size": 9}, 422, "invalid_field"),
+    "beam zero": ({"text": "a", "beam_size": 0}, 422, "invalid_field"),
+    "n-best over beam": ({"text": "a", "beam_size": 2, "num_return_sequences": 3}, 422, "invalid_field"),
+    "max_new_tokens": ({"text": "a", "max_new_tokens": 100_000}, 422, "invalid_field"),
+    "length penalty": ({"text": "a", "length_penalty": -1}, 422, "invalid_field"),
+    "attention not a bool": ({"text": "a", "return_attention": "yes"}, 422, "invalid_field"),
+    "stream two": ({"texts": ["a", "b"], "stream": True}, 422, "invalid_field"),
+    "unknown field": ({"text": "a", "temperature": 0.7}, 422, "invalid_field"),
+    "unknown model": ({"text": "a", "model": "nope"}, 404, "model_not_found"),
+    "a classifier": ({"text": "a", "model": "vit"}, 404, "model_not_found"),
 }
 
 
@@ -196,7 +200,10 @@ def test_a_client_that_disconnects_mid_stream_frees_its_rows(slow_server):
             return m["scheduler"]["running_sequences"] == 0
 
         wait_until(freed, timeout=3.0, what="the cancelled stream to leave the batch")
-        assert metric_value(httpx.get(srv.url + "/metrics").text, "attnserve_dropped_requests_total", model="translator") == 1
+        assert (
+            metric_value(httpx.get(srv.url + "/metrics").text, "attnserve_dropped_requests_total", model="translator")
+            == 1
+        )
 
 
 def test_a_full_queue_answers_503_with_retry_after(slow_server):

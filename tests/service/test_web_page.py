@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT
-from tests.service.service_testing import serving
 
 from service.attention import render
+from tests.conftest import ROOT
+from tests.service.service_testing import serving
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -47,7 +47,8 @@ def loaded_width(page, selector: str) -> int:
     """Wait until the <img> has loaded its current src; its natural width."""
     return page.wait_for_function(
         "s => { const i = document.querySelector(s); return i.src && i.complete && i.naturalWidth > 0 && i.naturalWidth; }",
-        arg=selector, timeout=30_000,
+        arg=selector,
+        timeout=30_000,
     ).json_value()  # the width of the image that was loaded when the wait ended, not of a later one
 
 
@@ -69,7 +70,9 @@ def test_a_sample_image_is_classified_with_its_heatmap(page, server):
     page.select_option("#vit-kind", "attention")
     page.select_option("#vit-head", "1")
     page.wait_for_function(f"document.getElementById('vit-heatmap').getAttribute('src') !== {rollout_src!r}")
-    assert "layer=" in page.get_attribute("#vit-heatmap", "src") and "head=1" in page.get_attribute("#vit-heatmap", "src")
+    assert "layer=" in page.get_attribute("#vit-heatmap", "src") and "head=1" in page.get_attribute(
+        "#vit-heatmap", "src"
+    )
     assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
     page.screenshot(path=str(ARTIFACTS / "web-classify.png"), full_page=True)
     assert not page.errors

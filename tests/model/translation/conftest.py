@@ -9,7 +9,15 @@ import pytest
 from model.translation import sources
 from model.translation.corpus import WESNOTH_PACKAGES
 from tests.model.translation.excerpts import (
-    DING_LINES, FREECIV_ENTRIES, HELP_DE, HELP_EN, STAMP_KANGAROO, UI_ENTRIES, WESNOTH_ENTRIES, build_mo, make_package,
+    DING_LINES,
+    FREECIV_ENTRIES,
+    HELP_DE,
+    HELP_EN,
+    STAMP_KANGAROO,
+    UI_ENTRIES,
+    WESNOTH_ENTRIES,
+    build_mo,
+    make_package,
 )
 
 

@@ -82,13 +82,20 @@ HELP_PAIRS = [  # help_paragraph_pairs(HELP_EN, HELP_DE): the code paragraph and
     ("New", "Neu"),
     ("Creates a new LibreOffice document.", "Erstellt ein neues LibreOffice-Dokument."),
     ("Key Ctrl+N", "Strg+N"),
-    ("If you want to create a document from a template, choose New - Templates.",
-     "Um ein neues Dokument auf Grundlage einer Dokumentvorlage zu erstellen, wählen Sie Neu – Vorlagen….",),
+    (
+        "If you want to create a document from a template, choose New - Templates.",
+        "Um ein neues Dokument auf Grundlage einer Dokumentvorlage zu erstellen, wählen Sie Neu – Vorlagen….",
+    ),
     ("Not equal (< >)", "Ungleich (< >)"),
-    ("Defines the default lower boundary for arrays as 0 or 1.", "Legt die Standard-Untergrenze für Arrays als 0 beziehungsweise 1 fest."),
-    ("Choose Insert - Pivot Table. The Select Source dialog appears. Choose Current selection and confirm with OK.",
-     "Wählen Sie Einfügen – Pivot-Tabelle…. Der Dialog Quelle auswählen wird geöffnet. Wählen Sie Aktuelle Auswahl und bestätigen Sie mit OK."),
-]  # fmt: skip
+    (
+        "Defines the default lower boundary for arrays as 0 or 1.",
+        "Legt die Standard-Untergrenze für Arrays als 0 beziehungsweise 1 fest.",
+    ),
+    (
+        "Choose Insert - Pivot Table. The Select Source dialog appears. Choose Current selection and confirm with OK.",
+        "Wählen Sie Einfügen – Pivot-Tabelle…. Der Dialog Quelle auswählen wird geöffnet. Wählen Sie Aktuelle Auswahl und bestätigen Sie mit OK.",
+    ),
+]
 
 # libreoffice-l10n-de: program/resource/de/LC_MESSAGES/{sc,sd,basctl,cui,sfx}.mo, as (msgid, msgstr) entries
 UI_ENTRIES = [
@@ -100,9 +107,11 @@ UI_ENTRIES = [
     ("RID_BASIC_START\x04$(ARG1) not allowed outside a procedure.", "$(ARG1) außerhalb einer Prozedur unzulässig."),
     ("RID_STRLIST_FUNCTION_NAMES\x04LN", "LN"),
     ("RID_SVXSTR_UNTRANSLATED\x04Not yet translated", ""),
-    ("STR_RESTART\x04You will have to restart the program after this edit.\nContinue?",
-     "Sie müssen nach dieser Änderung das Programm neu starten.\nFortfahren?"),
-]  # fmt: skip
+    (
+        "STR_RESTART\x04You will have to restart the program after this edit.\nContinue?",
+        "Sie müssen nach dieser Änderung das Programm neu starten.\nFortfahren?",
+    ),
+]
 UI_PAIRS = [  # ui_message_pairs(UI_ENTRIES): context dropped, both plural forms, header and untranslated skipped
     ("One result found", "1 Ergebnis gefunden"),
     ("%1 results found", "%1 Ergebnisse gefunden"),
@@ -111,8 +120,11 @@ UI_PAIRS = [  # ui_message_pairs(UI_ENTRIES): context dropped, both plural forms
     ("~Table", "~Tabelle"),
     ("$(ARG1) not allowed outside a procedure.", "$(ARG1) außerhalb einer Prozedur unzulässig."),
     ("LN", "LN"),
-    ("You will have to restart the program after this edit.\nContinue?", "Sie müssen nach dieser Änderung das Programm neu starten.\nFortfahren?"),
-]  # fmt: skip
+    (
+        "You will have to restart the program after this edit.\nContinue?",
+        "Sie müssen nach dieser Änderung das Programm neu starten.\nFortfahren?",
+    ),
+]
 
 # wesnoth-1.16-data (wesnoth-help.mo, wesnoth-editor.mo) and wesnoth-1.16-httt 1:1.16.9-1, verbatim
 WESNOTH_ENTRIES = [
@@ -120,17 +132,21 @@ WESNOTH_ENTRIES = [
     ("theme^Editor", "Editor"),
     ("Could not save the map: $msg", "Die Karte konnte nicht gespeichert werden: $msg"),
     ("Should $unit.name| attempt to pick up the armor?", "Soll $unit.name| versuchen, die Rüstung aufzuheben?"),
-    ("Delfador! My old tormentor! Treason! Men! Seize them! Kill them! Kill them all!",
-     "Delfador! Mein alter Erzfeind! Verrat! Männer, ergreift sie. Tötet sie. Tötet sie alle!"),
+    (
+        "Delfador! My old tormentor! Treason! Men! Seize them! Kill them! Kill them all!",
+        "Delfador! Mein alter Erzfeind! Verrat! Männer, ergreift sie. Tötet sie. Tötet sie alle!",
+    ),
     ("Defeat all enemy leaders", "Besiegt alle gegnerischen Anführer"),
-]  # fmt: skip
+]
 WESNOTH_PAIRS = [  # game_message_pairs(WESNOTH_ENTRIES), in catalog order; tags go later, in cleaning
     ("<header>Multiplayer and undo</header>", "<header>Mehrspieler und die Rückgängig-Funktion</header>"),
     ("Defeat all enemy leaders", "Besiegt alle gegnerischen Anführer"),
-    ("Delfador! My old tormentor! Treason! Men! Seize them! Kill them! Kill them all!",
-     "Delfador! Mein alter Erzfeind! Verrat! Männer, ergreift sie. Tötet sie. Tötet sie alle!"),
+    (
+        "Delfador! My old tormentor! Treason! Men! Seize them! Kill them! Kill them all!",
+        "Delfador! Mein alter Erzfeind! Verrat! Männer, ergreift sie. Tötet sie. Tötet sie alle!",
+    ),
     ("Editor", "Editor"),
-]  # fmt: skip
+]
 
 # freeciv-data 3.0.6-1+deb12u1 (freeciv-core.mo, freeciv-nations.mo), verbatim
 FREECIV_ENTRIES = [

@@ -42,8 +42,16 @@ def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
     assert ding["packages"] == {"trans-de-en": "1.9-6"}
     assert ding["stages"]["extracted"] == ding["stages"]["unique"] == 7
     assert help_["stages"]["extracted"] == 7 and help_["stages"]["sentences"] == 9  # one paragraph -> 3 sentences
-    assert ui["stages"] == {"extracted": 8, "cleaned": 8, "sentences": 9, "has_letters": 9, "not_copy": 8,
-                            "length": 8, "ratio": 8, "unique": 8}  # fmt: skip
+    assert ui["stages"] == {
+        "extracted": 8,
+        "cleaned": 8,
+        "sentences": 9,
+        "has_letters": 9,
+        "not_copy": 8,
+        "length": 8,
+        "ratio": 8,
+        "unique": 8,
+    }
     assert {p for p in pairs if p in UI_CLEANED} == UI_CLEANED
     wesnoth, freeciv, tuxpaint = (stats["sources"][name] for name in ("wesnoth", "freeciv", "tuxpaint"))
     assert wesnoth["packages"]["wesnoth-1.16-httt"] == "1:1.16.9-1" and len(wesnoth["packages"]) == 17
@@ -51,8 +59,10 @@ def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
     assert ("Multiplayer and undo", "Mehrspieler und die Rückgängig-Funktion") in pairs
     assert freeciv["stages"]["unique"] == 3 and ("Keep current soundset", "Derzeitiges Sound-Set beibehalten") in pairs
     assert tuxpaint["stages"]["unique"] == 1 and ("A red kangaroo.", "Ein rotes Riesenkänguru.") in pairs
-    assert ("I've only a vague recollection of my ninth birthday.",
-            "An meinen neunten Geburtstag kann ich mich nur ganz dunkel erinnern.") in pairs  # fmt: skip
+    assert (
+        "I've only a vague recollection of my ninth birthday.",
+        "An meinen neunten Geburtstag kann ich mich nur ganz dunkel erinnern.",
+    ) in pairs
     assert sum(sum(s["splits"].values()) for s in stats["sources"].values()) == stats["total"]
 
 
@@ -83,7 +93,28 @@ def test_outputs_are_identical_across_runs(excerpt_cache, tmp_path, capsys):
 
 def test_same_english_never_lands_in_two_splits(tmp_path, capsys):
     lines = []
-    words = "red green blue black white grey brown pink gold silver orange violet navy olive teal cyan lime plum rose sand".split()
+    words = [
+        "red",
+        "green",
+        "blue",
+        "black",
+        "white",
+        "grey",
+        "brown",
+        "pink",
+        "gold",
+        "silver",
+        "orange",
+        "violet",
+        "navy",
+        "olive",
+        "teal",
+        "cyan",
+        "lime",
+        "plum",
+        "rose",
+        "sand",
+    ]
     for i in range(300):  # each English sentence four times: other German, case, spacing, punctuation
         first, second = words[i % 20], words[i // 20]
         en = f"Open {first} {second}."
@@ -139,8 +170,10 @@ def test_two_aligned_files(tmp_path, capsys):
     code, _ = run(["--source", tmp_path / "en.txt", "--target", tmp_path / "de.txt", "--out", out], capsys)
     assert code == 0
     assert sorted(p for split in read_splits(out).values() for p in split) == [
-        ("Good morning.", "Guten Morgen."), ("See you.", "Bis bald."), ("Thank you.", "Danke.")
-    ]  # fmt: skip
+        ("Good morning.", "Guten Morgen."),
+        ("See you.", "Bis bald."),
+        ("Thank you.", "Danke."),
+    ]
 
 
 def _write(path: Path, content: str | bytes) -> Path:
@@ -163,7 +196,7 @@ def _write(path: Path, content: str | bytes) -> Path:
         (lambda t: ["--sources", "ding,wikipedia"], "unknown source wikipedia"),
         (lambda t: ["--valid-fraction", "0.6", "--test-fraction", "0.6"], "add up to less than 1"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_gives_one_clear_line_and_exit_2(make_args, message, tmp_path, capsys):
     code, err = run([*make_args(tmp_path), "--out", tmp_path / "out"], capsys)
     assert code == 2

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.tokenizer import Tokenizer
 from model.cli import run_cli
 from model.translation import corpus, debian
 from model.translation import tokenizer as trainer
 from model.translation.split import group_sentences
-from contract.tokenizer import Tokenizer
 
 PACKAGES = [p for spec in corpus.SOURCES.values() for p in spec.packages]
 

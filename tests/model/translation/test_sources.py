@@ -36,14 +36,20 @@ def test_ding_example_sentences_are_extracted_from_real_lines():
     "part, expected",
     [
         ("Ich habe keine Erinnerung an das Geschehen. [geh.]", "Ich habe keine Erinnerung an das Geschehen."),
-        ("Sie hat ein phänomenales Gedächtnis.; Sie erinnert sich (wirklich) an alles.", "Sie hat ein phänomenales Gedächtnis."),
-        ("Er war so niedergeschlagen/gedrückt, dass er nicht ans Telefon ging.", "Er war so niedergeschlagen, dass er nicht ans Telefon ging."),
+        (
+            "Sie hat ein phänomenales Gedächtnis.; Sie erinnert sich (wirklich) an alles.",
+            "Sie hat ein phänomenales Gedächtnis.",
+        ),
+        (
+            "Er war so niedergeschlagen/gedrückt, dass er nicht ans Telefon ging.",
+            "Er war so niedergeschlagen, dass er nicht ans Telefon ging.",
+        ),
         ("Wir haben es mit unserem Urlaub gut / schlecht getroffen.", None),  # phrase alternatives: unresolvable
         ("Aalsuppen {pl}", None),  # a word, not a sentence
         ("to give sb. a tryout", None),  # a template
         ("Nach unseren Erkenntnissen …", None),  # unfinished
     ],
-)  # fmt: skip
+)
 def test_ding_sentence(part, expected):
     assert sources.ding_sentence(part) == expected
 
@@ -79,7 +85,10 @@ def test_ui_messages_drop_context_pair_plurals_and_skip_untranslated():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("Choose Insert - Pivot Table. The Select Source dialog appears.", ["Choose Insert - Pivot Table.", "The Select Source dialog appears."]),
+        (
+            "Choose Insert - Pivot Table. The Select Source dialog appears.",
+            ["Choose Insert - Pivot Table.", "The Select Source dialog appears."],
+        ),
         ("Wählen Sie z. B. eine Zelle. Dann OK.", ["Wählen Sie z. B. eine Zelle.", "Dann OK."]),
         ("Use e.g. Calc. Then save.", ["Use e.g. Calc.", "Then save."]),
         ("Am 17. September war es so. Gut!", ["Am 17. September war es so.", "Gut!"]),
@@ -87,7 +96,7 @@ def test_ui_messages_drop_context_pair_plurals_and_skip_untranslated():
         ('Is it "done?" Yes.', ['Is it "done?"', "Yes."]),
         ("one sentence only", ["one sentence only"]),
     ],
-)  # fmt: skip
+)
 def test_split_sentences(text, expected):
     assert split_sentences(text) == expected
 

@@ -10,7 +10,16 @@ from model.translation.split import SPLITS, assign_splits, group_sentences, mask
 
 
 def test_mask_folds_case_drops_punctuation_and_masks_digits_and_names():
-    assert mask("Open Tools - Options, then click OK 2 times.") == ("open", "N", "N", "then", "click", "N", "0", "times")
+    assert mask("Open Tools - Options, then click OK 2 times.") == (
+        "open",
+        "N",
+        "N",
+        "then",
+        "click",
+        "N",
+        "0",
+        "times",
+    )
     assert mask("Choose Format - Character.") == mask("Choose Edit - Paste") == ("choose", "N", "N")
     assert mask("Page 12 of 30") == ("page", "00", "of", "00")
 
@@ -44,13 +53,32 @@ def test_different_sentences_stay_apart(a, b):
 
 
 def test_links_are_transitive():
-    chain = ["Select the cells you want to copy.", "Select the cells you want to move.", "Select the rows you want to move."]
+    chain = [
+        "Select the cells you want to copy.",
+        "Select the cells you want to move.",
+        "Select the rows you want to move.",
+    ]
     assert len(set(group_sentences(chain))) == 1
 
 
 def corpus(n: int = 3000) -> list[str]:
     rng = random.Random(1)
-    words = "apple house river stone green quick window table light paper music forest letter bridge".split()
+    words = [
+        "apple",
+        "house",
+        "river",
+        "stone",
+        "green",
+        "quick",
+        "window",
+        "table",
+        "light",
+        "paper",
+        "music",
+        "forest",
+        "letter",
+        "bridge",
+    ]
     out = []
     for i in range(n):
         out.append(" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))).capitalize() + ".")
@@ -90,7 +118,22 @@ def test_groups_over_max_group_go_to_train():
 
 def test_case_spacing_and_punctuation_variants_share_the_split():
     rng = random.Random(3)
-    words = "apple house river stone green quick window table light paper music forest letter bridge".split()
+    words = [
+        "apple",
+        "house",
+        "river",
+        "stone",
+        "green",
+        "quick",
+        "window",
+        "table",
+        "light",
+        "paper",
+        "music",
+        "forest",
+        "letter",
+        "bridge",
+    ]
     english = [" ".join(rng.choice(words) for _ in range(4)).capitalize() + "." for _ in range(2000)]
     variants = [s.upper().rstrip(".") + "!" for s in english] + [s.title() for s in english]
     splits, _ = assign_splits(english + variants, 0.1, 0.1, max_group=10_000)

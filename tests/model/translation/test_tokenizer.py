@@ -11,10 +11,10 @@ import unicodedata
 import pytest
 import sentencepiece as spm
 
+from contract.tokenizer import Tokenizer, TokenizerError, normalize_text
 from model.cli import run_cli
 from model.translation import corpus
 from model.translation import tokenizer as trainer
-from contract.tokenizer import Tokenizer, TokenizerError, normalize_text
 from tests.conftest import ROOT
 from tests.model.translation.excerpts import DING_PAIRS, HELP_PAIRS, UI_PAIRS
 
