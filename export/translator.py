@@ -11,19 +11,21 @@ run, and the uncached baseline of the benchmark), plus ``tokenizer.model``.
 
 Every export is checked: greedy decoding through the two onnxruntime graphs must give exactly the
 tokens of PyTorch greedy decoding on ``--parity-sentences`` test sentences, with per-step
-log-probabilities within 1e-4, or the export is refused. BLEU and chrF on the whole test split
-(greedy and beam search, through onnxruntime) and the copy-the-source baseline go in the manifest.
+log-probabilities within 1e-4, or the export is refused. BLEU and chrF on the whole test split,
+overall and per source domain (greedy and beam search, through onnxruntime; export/scoring.py), the
+copy-the-source baseline and the corpus's sources with their package versions go in the manifest.
+``--average N`` exports the mean of the weights of the last N epochs instead of the best epoch.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import sacrebleu
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -52,9 +54,10 @@ from export.common import (
     now_iso,
 )
 from export.graphs import keep_outputs
+from export.scoring import ScoringError, evaluate, read_domains
 from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
-from model.training import load_checkpoint
+from model.training import average_checkpoints, load_checkpoint
 from model.translation.textio import TextFileError, read_tsv
 
 ENCODER_INPUTS = ["src_ids", "src_mask"]
@@ -325,31 +328,28 @@ def translate_all(
     return out, time.perf_counter() - start
 
 
-def score(hyps: list[str], refs: list[str]) -> dict:
+def corpus_provenance(data: Path) -> dict:
+    """What the model was trained on, from the corpus's ``stats.json``: each source with its packages and versions."""
+    path = Path(data) / "stats.json"
+    if not path.is_file():
+        return {"folder": str(data), "stats": None}
+    stats = json.loads(path.read_text(encoding="utf-8"))
+    keep = ("packages", "files", "stages", "splits")
     return {
-        "bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
-        "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
+        "folder": str(data),
+        "command": stats.get("command"),
+        "total": stats.get("total"),
+        "splits": stats.get("splits"),
+        "split": stats.get("split"),
+        "sources": {
+            name: {k: v for k, v in src.items() if k in keep} for name, src in stats.get("sources", {}).items()
+        },
     }
 
 
-def evaluate(
-    encoder: Graph, decoder: Graph, spec: DecoderSpec, tok: Tokenizer, pairs: list[tuple[str, str]], progress: bool
+def build_manifest(
+    ckpt: dict, name: str, version: str, folder: Path, parity: dict, evaluation: dict, data: dict
 ) -> dict:
-    sources = tok.encode_batch([s for s, _ in pairs], add_eos=True)
-    refs = [t for _, t in pairs]
-    result = {"split": "test", "sentences": len(pairs), "copy_source": score([s for s, _ in pairs], refs)}
-    for name, beam in (("greedy", 1), (f"beam{BEAM}", BEAM)):
-        hyps, seconds = translate_all(encoder, decoder, sources, spec, tok, beam, progress)
-        result[name] = {**score(hyps, refs), "seconds": round(seconds, 1), "beam": beam}
-        if beam == 1:
-            result["examples"] = [
-                {"source": s, "reference": r, "greedy": h} for (s, r), h in list(zip(pairs, hyps))[:8]
-            ]
-    result["sacrebleu"] = sacrebleu.__version__
-    return result
-
-
-def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: dict, evaluation: dict) -> dict:
     cfg = Seq2SeqConfig.from_dict(ckpt["config"])
     enc, dec, prefix = (graph_io(folder / f"{g}.onnx") for g in ("encoder", "decoder", "decoder_prefix"))
     return {
@@ -404,6 +404,7 @@ def build_manifest(ckpt: dict, name: str, version: str, folder: Path, parity: di
             "parity": {**parity, "log_probs_tolerance": LOG_PROB_TOL, "attention_tolerance": ATTENTION_TOL},
         },
         "training": ckpt["training"],
+        "data": data,
     }
 
 
@@ -418,6 +419,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--opset", type=int, default=18)
     p.add_argument("--parity-sentences", type=int, default=200)
     p.add_argument("--max-test", type=int, help="evaluate on only the first N test pairs (smoke tests)")
+    p.add_argument(
+        "--average",
+        type=int,
+        default=0,
+        metavar="N",
+        help="export the mean weights of the last N epochs (saved under <checkpoint folder>/epochs)",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -431,6 +439,14 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(f"{args.checkpoint} has no training metadata (an unfinished run?); finish it with --resume")
     cfg = Seq2SeqConfig.from_dict(ckpt["config"])
     model = Seq2Seq(cfg).eval()
+    if args.average:
+        epochs = sorted((args.checkpoint.parent / "epochs").glob("epoch-*.pt"))[-args.average :]
+        if len(epochs) < args.average:
+            raise CliError(
+                f"--average {args.average}: only {len(epochs)} epoch weights under {args.checkpoint.parent}/epochs"
+            )
+        ckpt["state_dict"] = average_checkpoints(epochs)
+        ckpt["training"] = {**ckpt["training"], "averaged_epochs": [int(p.stem.split("-")[1]) for p in epochs]}
     model.load_state_dict(ckpt["state_dict"])
     tok = Tokenizer.from_bytes(ckpt["tokenizer"]["model"])
     data = args.data or Path(ckpt["training"]["data"])
@@ -438,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         pairs, _ = read_tsv(data / "test.tsv")
     except TextFileError as e:
         raise CliError(f"{e} (pass --data with the corpus folder)") from None
-    pairs = pairs[: args.max_test] if args.max_test else pairs
+    try:
+        domains = read_domains(data, "test", len(pairs))
+    except ScoringError as e:
+        raise CliError(str(e)) from None
+    pairs, domains = (pairs[: args.max_test], domains[: args.max_test]) if args.max_test else (pairs, domains)
     if not pairs:
         raise CliError(f"{data / 'test.tsv'} holds no sentence pairs")
     version = args.version or next_version(args.repository, args.name)
@@ -453,8 +473,15 @@ def main(argv: list[str] | None = None) -> int:
         sources = tok.encode_batch([s for s, _ in pairs[: args.parity_sentences]], add_eos=True)
         parity = parity_report(model, encoder, decoder, sources, prefix=prefix)
         check_parity(parity)
-        evaluation = evaluate(encoder, decoder, decoder_spec(cfg), tok, pairs, not args.no_progress)
-        final = stage.commit(build_manifest(ckpt, args.name, version, stage.dir, parity, evaluation))
+        spec = decoder_spec(cfg)
+
+        def translate(texts: list[str], beam: int) -> tuple[list[str], float]:
+            ids = tok.encode_batch(texts, add_eos=True)
+            return translate_all(encoder, decoder, ids, spec, tok, beam, not args.no_progress)
+
+        evaluation = evaluate(translate, pairs, domains, BEAM)
+        manifest = build_manifest(ckpt, args.name, version, stage.dir, parity, evaluation, corpus_provenance(data))
+        final = stage.commit(manifest)
     print(
         f"wrote {final}: parity {parity['identical_tokens']}/{parity['sentences']} identical, max |dlog_probs| "
         f"{parity['max_abs_log_probs']:.1e}; test BLEU greedy {evaluation['greedy']['bleu']} beam "

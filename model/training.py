@@ -45,3 +45,23 @@ def load_checkpoint(path: Path) -> dict:
     if not Path(path).is_file():
         raise CliError(f"checkpoint {path} does not exist (train one first, e.g. 'make train')")
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the ``state_dict`` of several checkpoints of one model (weight averaging).
+
+    Floating-point tensors are averaged in float64 and cast back; others (integer buffers) are taken
+    from the last checkpoint.
+    """
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    states = [load_checkpoint(p)["state_dict"] for p in paths]
+    if any(s.keys() != states[0].keys() for s in states):
+        raise ValueError("the checkpoints do not hold the same parameters")
+    out = {}
+    for name, last in states[-1].items():
+        if last.is_floating_point():
+            out[name] = (sum(s[name].double() for s in states) / len(states)).to(last.dtype)
+        else:
+            out[name] = last.clone()
+    return out

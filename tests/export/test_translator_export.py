@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -61,6 +63,29 @@ def test_parity_and_evaluation_are_recorded(entry):
     for key in ("greedy", "beam4", "copy_source"):
         assert 0 <= ev[key]["bleu"] <= 100 and 0 <= ev[key]["chrf"] <= 100
     assert ev["sentences"] > 0 and ev["examples"][0]["source"] and "greedy" in ev["examples"][0]
+    assert {e["domain"] for e in ev["examples"]} == {"ding", "help", "ui"} and "beam4" in ev["examples"][0]
+    domains = ev["domains"]
+    assert sorted(domains) == ["ding", "everyday", "help", "ui"]  # everyday pools ding (and tuxpaint)
+    assert (
+        domains["everyday"] == domains["ding"]
+        and sum(domains[d]["sentences"] for d in ("ding", "help", "ui")) == ev["sentences"]
+    )
+    for d in domains.values():
+        assert 0 <= d["greedy"]["bleu"] <= 100 and 0 <= d["beam4"]["chrf"] <= 100
+    assert ev["signatures"]["bleu"].startswith("nrefs:1|") and "chrF" not in ev["signatures"]["bleu"]
+    assert entry.manifest["data"]["folder"]  # the tiny corpus has no stats.json: no sources to name
+
+
+def test_average_of_the_last_epochs(tiny_translator_checkpoint, tmp_path):
+    repo = tmp_path / "models"
+    args = ["--checkpoint", str(tiny_translator_checkpoint), "--repository", str(repo), "--version", "1"]
+    proc = run_module("export.translator", *args, "--average", "2", "--parity-sentences", "5", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((repo / "translator" / "1" / "manifest.json").read_text())
+    assert manifest["training"]["averaged_epochs"] == [2, 3]
+    assert manifest["evaluation"]["parity"]["identical_tokens"] == 5
+    proc = run_module("export.translator", *args, "--force", "--average", "9")
+    assert proc.returncode == 2 and "only 3 epoch weights" in proc.stderr
 
 
 def test_encoder_outputs_for_a_padded_batch(entry):

@@ -78,3 +78,24 @@ def test_cli_errors_are_one_clear_line(args, message, tiny_translation_data, tmp
     proc = run_module("model.train_translator", "--profile", "tiny", *map(fill, args))
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_average_checkpoints_is_the_elementwise_mean(tmp_path):
+    import torch
+
+    from model.training import average_checkpoints, save_checkpoint
+
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        save_checkpoint(
+            tmp_path / f"epoch-{i}.pt", {"state_dict": {"w": torch.full((2, 2), value), "n": torch.tensor(i)}}
+        )
+    mean = average_checkpoints(sorted(tmp_path.glob("epoch-*.pt")))
+    assert torch.equal(mean["w"], torch.full((2, 2), 3.0)) and int(mean["n"]) == 2
+    save_checkpoint(tmp_path / "other.pt", {"state_dict": {"v": torch.zeros(1)}})
+    with pytest.raises(ValueError, match="same parameters"):
+        average_checkpoints([tmp_path / "epoch-0.pt", tmp_path / "other.pt"])
+
+
+def test_training_keeps_the_last_epochs_weights(tiny_translator_checkpoint):
+    kept = sorted(p.name for p in (tiny_translator_checkpoint.parent / "epochs").glob("*.pt"))
+    assert kept == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
