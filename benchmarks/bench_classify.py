@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from contract.manifest import latest_versions, read_manifest
+from contract.manifest import latest_versions, parse_manifest, read_manifest
 from service.classifier import Preprocessing
 from service.images import ImageLimits, decode
 from service.runtime import create_session
@@ -420,7 +420,7 @@ def load_test_images(manifest: dict) -> tuple[list[bytes], np.ndarray]:
 
     images = load_image_dataset("fashion-mnist").test_images[:256]
     pngs = [encode_png(img[..., 0]) for img in images]
-    prep = Preprocessing.from_manifest(manifest)
+    prep = Preprocessing.from_manifest(parse_manifest(manifest))
     limits = ImageLimits(1 << 20, 1 << 24, DEFAULT_IMAGE_FORMATS)
     x = prep.normalize(prep.stack([decode(p, limits, prep.image_size, prep.color_mode) for p in pngs]))
     return pngs, x

@@ -51,10 +51,10 @@ class Bare:
     def __init__(self, entry_dir: Path, settings: Settings) -> None:
         entry = load_entry(entry_dir)
         m, self.path = entry.manifest, entry_dir
-        g = {k: session_fn(create_session(entry_dir / v["file"], settings).session) for k, v in m["graphs"].items()}
+        g = {k: session_fn(create_session(entry_dir / v.file, settings).session) for k, v in m.graphs.items()}
         self.encoder, self.decoder, self.prefix = g["encoder"], g["decoder"], g.get("decoder_prefix")
         self.spec = DecoderSpec.from_manifest(m)
-        self.tok = Tokenizer.load(entry_dir / m["tokenizer"]["file"])
+        self.tok = Tokenizer.load(entry_dir / m.tokenizer.file)
         self.manifest = m
 
     def sources(self, n: int) -> list[list[int]]:
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     bare = Bare(entry_dir, settings)
     rows: list[tuple[str, str]] = []
     print(
-        f"{args.name}/{entry_dir.name}: {bare.manifest['model']['parameters']:,} parameters; onnxruntime threads as the "
+        f"{args.name}/{entry_dir.name}: {bare.manifest.model['parameters']:,} parameters; onnxruntime threads as the "
         f"service ({settings.intra_op_threads or 'cores-1'}); {os.cpu_count()} cores",
         file=sys.stderr,
     )

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contract.manifest import Manifest, ManifestError
 from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -85,18 +86,13 @@ class DecoderSpec:
     max_positions: int = 512
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> DecoderSpec:
-        """The cache geometry and special ids a translation entry's ``manifest.json`` records."""
-        d, special = manifest["decoding"], manifest["tokenizer"]["special_ids"]
-        return cls(
-            int(d["layers"]),
-            int(d["heads"]),
-            int(d["head_dim"]),
-            int(special["pad"]),
-            int(special["bos"]),
-            int(special["eos"]),
-            int(d["max_positions"]),
-        )
+    def from_manifest(cls, manifest: Manifest) -> DecoderSpec:
+        """The cache geometry and special ids a translation entry's manifest records."""
+        d, tok = manifest.decoding, manifest.tokenizer
+        if d is None or tok is None:
+            raise ManifestError(f"{manifest.name}/{manifest.version}: no decoding or tokenizer section")
+        special = tok.special_ids
+        return cls(d.layers, d.heads, d.head_dim, special.pad, special.bos, special.eos, d.max_positions)
 
     def max_length(self, source_length: int) -> int:
         """Default generation limit for a source of this many tokens (eos included)."""

@@ -1,7 +1,11 @@
 """The model-repository contract between export/ (writes it) and the service (reads and verifies it).
 
 A repository is ``<root>/<name>/<version>/`` folders, each holding its files and a
-``manifest.json`` that lists every file with its sha256. Nothing here imports torch.
+``manifest.json`` that lists every file with its sha256. :class:`Manifest` is the typed form of that
+file: the sections the service reads are typed and validated once, on load (graphs and their tensors,
+files, preprocessing, the classifier's tensor names, attention, tokenizer, decoding); the rest
+(evaluation, training, data, samples, framework) is kept as the exporter wrote it. The model-repository
+docs page describes every field. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -9,15 +13,193 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
-REQUIRED_KEYS = ("schema_version", "name", "version", "task", "created_at", "files", "graphs")
+IMAGE_CLASSIFICATION, TRANSLATION = "image-classification", "translation"
+COLOR_MODES = {"L": 1, "RGB": 3}  # PIL mode -> channels
 
 
 class ManifestError(RuntimeError):
     """A repository entry cannot be served: missing, malformed, or its files do not match."""
+
+
+class Section(BaseModel):
+    """A manifest section: validated on load, read-only, and keeping any field it does not know."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class Tensor(Section):
+    name: str
+    dtype: str
+    shape: list[int | str]  # a string names a dynamic axis ("batch")
+
+
+class GraphSpec(Section):
+    file: str
+    inputs: list[Tensor] = []
+    outputs: list[Tensor] = []
+    opset: int | None = None
+
+    def input(self, name: str) -> Tensor | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> Tensor | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+
+class FileInfo(Section):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+
+
+class Preprocessing(Section):
+    """How an image becomes the graph's input: resized to ``image_size``, ``pixel * scale`` then (x - mean) / std."""
+
+    image_size: int = Field(ge=1)
+    channels: int
+    color_mode: Literal["L", "RGB"]
+    resize: Literal["bilinear"] = "bilinear"
+    scale: float
+    mean: list[float]
+    std: list[float]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Preprocessing:
+        if COLOR_MODES[self.color_mode] != self.channels:
+            raise ValueError(f"color_mode {self.color_mode!r} does not give {self.channels} channels")
+        if len(self.mean) != self.channels or len(self.std) != self.channels or min(self.std) <= 0:
+            raise ValueError(f"needs {self.channels} means and {self.channels} positive stds")
+        return self
+
+
+class ClassifierIO(Section):
+    """The serving graph's tensors by role: the image batch it takes and the logits it returns."""
+
+    images: str
+    logits: str
+
+
+class ImageAttention(Section):
+    """Where an image classifier's attention maps are, and how their tokens map onto the image."""
+
+    graph: str = "model"  # the graph that computes them: "attention" (a graph of its own) or the serving graph
+    output: str
+    layout: list[str] = ["batch", "layer", "head", "query", "key"]
+    layers: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+    prefix_tokens: int = Field(ge=0)
+    grid: tuple[int, int]
+    patch_size: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _tokens_cover_the_grid(self) -> ImageAttention:
+        if self.tokens != self.prefix_tokens + self.grid[0] * self.grid[1]:
+            raise ValueError(f"{self.tokens} tokens are not {self.prefix_tokens} + the {self.grid} grid")
+        return self
+
+
+class SpecialIds(Section):
+    pad: int
+    bos: int
+    eos: int
+    unk: int
+
+
+class TokenizerSpec(Section):
+    file: str
+    library: Literal["sentencepiece"]
+    special_ids: SpecialIds
+    vocab_size: int = Field(ge=1)
+    normalization: str | None = None
+
+
+class DecodingSpec(Section):
+    """The step decoder's cache geometry and the decoding defaults (contract/decoding.py drives it)."""
+
+    layers: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    max_positions: int = Field(ge=1)
+    beam: int = Field(default=1, ge=1)
+    length_penalty: float = 1.0
+
+
+class Manifest(Section):
+    """One ``manifest.json``; the sections a task needs are required for that task."""
+
+    schema_version: Literal[1]
+    name: str
+    version: str
+    task: str
+    created_at: str
+    files: dict[str, FileInfo]
+    graphs: dict[str, GraphSpec]
+    languages: dict[str, str] | None = None  # a translator's {"source": "en", "target": "de"}
+    labels: list[str] = []
+    preprocessing: Preprocessing | None = None
+    io: ClassifierIO | None = None
+    attention: dict[str, Any] | None = None  # task-specific: see image_attention
+    tokenizer: TokenizerSpec | None = None
+    decoding: DecodingSpec | None = None
+    model: dict[str, Any] = {}  # architecture, config, parameters
+    samples: list[dict[str, Any]] = []
+    evaluation: dict[str, Any] = {}
+    training: dict[str, Any] = {}
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_as_text(cls, v: object) -> object:
+        return str(v) if isinstance(v, int) else v
+
+    @model_validator(mode="after")
+    def _task_sections(self) -> Manifest:
+        needs = {
+            IMAGE_CLASSIFICATION: ("labels", "preprocessing", "io"),
+            TRANSLATION: ("tokenizer", "decoding"),
+        }.get(self.task, ())
+        missing = [k for k in needs if not getattr(self, k)]
+        graphs = {IMAGE_CLASSIFICATION: ("model",), TRANSLATION: ("encoder", "decoder")}.get(self.task, ())
+        missing += [f"graphs.{g}" for g in graphs if g not in self.graphs]
+        if missing:
+            raise ValueError(f"a {self.task} manifest needs {', '.join(missing)}")
+        if self.task == IMAGE_CLASSIFICATION:
+            self.image_attention  # noqa: B018 - validates the section now, not on the first attention request
+        return self
+
+    @cached_property
+    def image_attention(self) -> ImageAttention | None:
+        """The attention section of an image classifier, typed (None when it declares none, or is no classifier)."""
+        if self.task != IMAGE_CLASSIFICATION or not self.attention:
+            return None
+        return ImageAttention.model_validate(self.attention)
+
+    def graph(self, role: str) -> GraphSpec:
+        if role not in self.graphs:
+            raise ManifestError(f"{self.name}/{self.version}: the manifest lists no {role!r} graph")
+        return self.graphs[role]
+
+
+def parse_manifest(data: dict, where: str = "manifest") -> Manifest:
+    """Validate a manifest's content; every problem is one :class:`ManifestError` naming the fields."""
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        missing = [".".join(map(str, err["loc"])) for err in e.errors() if err["type"] == "missing"]
+        problems = [f"missing required keys {missing}"] if missing else []
+        problems += [
+            f"{'.'.join(map(str, err['loc'])) or 'manifest'}: {err['msg']}"
+            for err in e.errors()
+            if err["type"] != "missing"
+        ]
+        raise ManifestError(f"{where}: {'; '.join(problems)}") from None
 
 
 @dataclass(frozen=True)
@@ -25,7 +207,7 @@ class Entry:
     name: str
     version: str
     path: Path
-    manifest: dict
+    manifest: Manifest
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -42,15 +224,14 @@ def describe_files(entry_dir: Path, names: list[str]) -> dict[str, dict]:
 
 
 def write_manifest(entry_dir: Path, manifest: dict) -> Path:
-    missing = [k for k in REQUIRED_KEYS if k not in manifest]
-    if missing:
-        raise ManifestError(f"manifest lacks required keys {missing}")
+    """Write ``manifest.json`` as given (key order kept), after checking it is a valid :class:`Manifest`."""
+    parse_manifest(manifest)
     path = Path(entry_dir) / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return path
 
 
-def read_manifest(entry_dir: Path) -> dict:
+def _read_json(entry_dir: Path) -> dict:
     path = Path(entry_dir) / MANIFEST_NAME
     if not path.is_file():
         raise ManifestError(f"{entry_dir}: no {MANIFEST_NAME}")
@@ -58,24 +239,30 @@ def read_manifest(entry_dir: Path) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ManifestError(f"{path}: not valid JSON ({e})") from e
-    missing = [k for k in REQUIRED_KEYS if k not in manifest]
-    if missing:
-        raise ManifestError(f"{path}: missing required keys {missing}")
-    if manifest["schema_version"] != SCHEMA_VERSION:
-        raise ManifestError(f"{path}: schema_version {manifest['schema_version']} is not {SCHEMA_VERSION}")
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{path}: not a JSON object")
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise ManifestError(f"{path}: schema_version {manifest.get('schema_version')} is not {SCHEMA_VERSION}")
     return manifest
 
 
-def verify_files(entry_dir: Path, manifest: dict) -> None:
+def read_manifest(entry_dir: Path) -> dict:
+    """The validated content of an entry's ``manifest.json`` as a dict, for tools that edit it."""
+    data = _read_json(entry_dir)
+    parse_manifest(data, str(Path(entry_dir) / MANIFEST_NAME))
+    return data
+
+
+def verify_files(entry_dir: Path, manifest: Manifest) -> None:
     """Refuse an entry whose files are missing or differ from what the manifest recorded."""
-    for name, meta in manifest["files"].items():
+    for name, meta in manifest.files.items():
         path = Path(entry_dir) / name
         if not path.is_file():
             raise ManifestError(f"{path}: listed in the manifest but missing")
         actual = sha256_file(path)
-        if actual != meta["sha256"]:
+        if actual != meta.sha256:
             raise ManifestError(
-                f"{path}: sha256 mismatch (manifest {meta['sha256'][:12]}..., file {actual[:12]}...); "
+                f"{path}: sha256 mismatch (manifest {meta.sha256[:12]}..., file {actual[:12]}...); "
                 "the file is corrupted or was replaced without re-exporting"
             )
 
@@ -83,9 +270,9 @@ def verify_files(entry_dir: Path, manifest: dict) -> None:
 def load_entry(entry_dir: Path) -> Entry:
     """Read and verify one ``<name>/<version>`` folder."""
     entry_dir = Path(entry_dir)
-    manifest = read_manifest(entry_dir)
+    manifest = parse_manifest(_read_json(entry_dir), str(entry_dir / MANIFEST_NAME))
     verify_files(entry_dir, manifest)
-    return Entry(manifest["name"], str(manifest["version"]), entry_dir, manifest)
+    return Entry(manifest.name, manifest.version, entry_dir, manifest)
 
 
 def latest_versions(root: Path) -> list[Path]:

@@ -109,16 +109,16 @@ def compare_classifiers(repository: Path, provider: str, batch_sizes=(1, 16), se
     results = []
     for entry_dir in latest_versions(repository):
         entry = load_entry(entry_dir)  # verifies every file's sha256, as the service does
-        if entry.manifest.get("task") != "image-classification":
+        if entry.manifest.task != "image-classification":
             continue
-        graph = entry.manifest["graphs"]["model"]
-        spec = graph["inputs"][0]
-        ref, chk = (create_session(entry.path / graph["file"], s) for s in (reference, checked))
+        graph = entry.manifest.graphs["model"]
+        spec = graph.inputs[0]
+        ref, chk = (create_session(entry.path / graph.file, s) for s in (reference, checked))
         names = [o.name for o in ref.session.get_outputs()]
         worst: dict = {"max_abs_diff": dict.fromkeys(names, 0.0), "top1_agreement": 1.0}
         for n in batch_sizes:
-            x = rng.standard_normal([n if isinstance(d, str) else d for d in spec["shape"]]).astype(np.float32)
-            a, b = (dict(zip(names, h.session.run(names, {spec["name"]: x}))) for h in (ref, chk))
+            x = rng.standard_normal([n if isinstance(d, str) else d for d in spec.shape]).astype(np.float32)
+            a, b = (dict(zip(names, h.session.run(names, {spec.name: x}))) for h in (ref, chk))
             r = compare_outputs(a, b)
             worst["max_abs_diff"] = {k: max(worst["max_abs_diff"][k], v) for k, v in r["max_abs_diff"].items()}
             worst["top1_agreement"] = min(worst["top1_agreement"], r["top1_agreement"])

@@ -141,6 +141,7 @@ def build_manifest(ckpt: dict, name: str, version: str, io: dict, attention_io: 
         },
         "labels": ckpt["label_names"],
         "preprocessing": ckpt["preprocessing"],
+        "io": {"images": INPUT, "logits": LOGITS},
         "attention": {
             "graph": "attention",
             "output": ATTENTIONS,

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from contract.manifest import Entry, ManifestError
+from contract.manifest import IMAGE_CLASSIFICATION, Entry, ImageAttention, Manifest, ManifestError
 from service.runtime import SessionHandle
 
-TASK = "image-classification"
-COLOR_MODES = {"L": 1, "RGB": 3}
+TASK = IMAGE_CLASSIFICATION
 
 
 @dataclass(frozen=True)
@@ -33,25 +32,13 @@ class Preprocessing:
         object.__setattr__(self, "lut", np.ascontiguousarray(((values[:, None] - self.mean) / self.std).T))
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> Preprocessing:
-        try:
-            prep = manifest["preprocessing"]
-            size, channels, mode = int(prep["image_size"]), int(prep["channels"]), str(prep["color_mode"])
-            mean = np.asarray(prep["mean"], np.float32).reshape(-1)
-            std = np.asarray(prep["std"], np.float32).reshape(-1)
-            scale = np.float32(prep["scale"])
-            resize = prep.get("resize", "bilinear")
-        except (KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"manifest preprocessing section is incomplete or malformed: {e!r}") from e
-        if COLOR_MODES.get(mode) != channels:
-            raise ManifestError(f"preprocessing color_mode {mode!r} does not give {channels} channels")
-        if mean.shape != (channels,) or std.shape != (channels,) or not np.all(std > 0):
-            raise ManifestError(f"preprocessing needs {channels} means and {channels} positive stds")
-        if resize != "bilinear":
-            raise ManifestError(f"preprocessing resize {resize!r} is not supported (only 'bilinear')")
-        if size < 1:
-            raise ManifestError(f"preprocessing image_size {size} must be positive")
-        return cls(size, channels, mode, scale, mean, std)
+    def from_manifest(cls, manifest: Manifest) -> Preprocessing:
+        """The manifest's preprocessing section (validated by the contract) as arrays ready to use."""
+        p = manifest.preprocessing
+        if p is None:
+            raise ManifestError(f"{manifest.name}/{manifest.version}: the manifest has no preprocessing section")
+        mean, std = np.asarray(p.mean, np.float32), np.asarray(p.std, np.float32)
+        return cls(p.image_size, p.channels, p.color_mode, np.float32(p.scale), mean, std)
 
     def stack(self, images: list[np.ndarray]) -> np.ndarray:
         """Decoded uint8 images (H, W) or (H, W, C) -> one uint8 block (N, H, W, C) to queue."""
@@ -75,43 +62,12 @@ class Preprocessing:
         return out
 
 
-@dataclass(frozen=True)
-class AttentionSpec:
-    """Where the graph's attention output is and how its tokens map onto the image."""
-
-    output: str
-    layers: int
-    heads: int
-    tokens: int
-    prefix_tokens: int
-    grid: tuple[int, int]
-    patch_size: int
-
-    @classmethod
-    def from_manifest(cls, manifest: dict, graph_outputs: set[str]) -> AttentionSpec | None:
-        """None when the entry declares no attention output (such a model serves without attention)."""
-        a = manifest.get("attention")
-        if not a:
-            return None
-        try:
-            spec = cls(
-                str(a["output"]),
-                int(a["layers"]),
-                int(a["heads"]),
-                int(a["tokens"]),
-                int(a["prefix_tokens"]),
-                (int(a["grid"][0]), int(a["grid"][1])),
-                int(a["patch_size"]),
-            )
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise ManifestError(f"manifest attention section is incomplete or malformed: {e!r}") from e
-        if spec.output not in graph_outputs:
-            raise ManifestError(
-                f"manifest names attention output {spec.output!r}, the graph has {sorted(graph_outputs)}"
-            )
-        if spec.tokens != spec.prefix_tokens + spec.grid[0] * spec.grid[1]:
-            raise ManifestError(f"attention: {spec.tokens} tokens are not {spec.prefix_tokens} + the {spec.grid} grid")
-        return spec
+def attention_spec(manifest: Manifest, graph_outputs: set[str]) -> ImageAttention | None:
+    """The entry's attention section, checked against the graph that computes it (None: no attention)."""
+    spec = manifest.image_attention
+    if spec is not None and spec.output not in graph_outputs:
+        raise ManifestError(f"manifest names attention output {spec.output!r}, the graph has {sorted(graph_outputs)}")
+    return spec
 
 
 class Classifier:
@@ -119,14 +75,12 @@ class Classifier:
 
     def __init__(self, entry: Entry, handle: SessionHandle, attention_handle: SessionHandle | None = None) -> None:
         manifest = entry.manifest
-        if manifest.get("task") != TASK:
-            raise ManifestError(f"{entry.path}: task {manifest.get('task')!r} is not {TASK!r}")
+        if manifest.task != TASK:
+            raise ManifestError(f"{entry.path}: task {manifest.task!r} is not {TASK!r}")
         self.name, self.version = entry.name, entry.version
         self.handle = handle
         self.preprocessing = Preprocessing.from_manifest(manifest)
-        self.labels: list[str] = [str(x) for x in manifest.get("labels") or []]
-        if not self.labels:
-            raise ManifestError(f"{entry.path}: manifest has no labels")
+        self.labels: list[str] = list(manifest.labels)
         self.input_name, self.logits_name = _io_names(manifest, self.preprocessing, len(self.labels))
         graph_inputs = {i.name for i in handle.session.get_inputs()}
         graph_outputs = {o.name for o in handle.session.get_outputs()}
@@ -140,14 +94,14 @@ class Classifier:
         # logits only); older entries carry it as a second output of the serving graph.
         if attention_handle is not None:
             self._attention_session = attention_handle.session
-        elif (manifest.get("attention") or {}).get("graph", "model") == "model":
+        elif manifest.image_attention is not None and manifest.image_attention.graph == "model":
             self._attention_session = handle.session
         else:  # the entry's attention graph was not loaded: serve without attention
             self._attention_session = None
         self.attention = None
         if self._attention_session is not None:
             outputs = {o.name for o in self._attention_session.get_outputs()}
-            self.attention = AttentionSpec.from_manifest(manifest, outputs)
+            self.attention = attention_spec(manifest, outputs)
         self._with_attention = self._outputs + ([self.attention.output] if self.attention else [])
 
     @property
@@ -219,30 +173,19 @@ def ranked_softmax(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p, np.argsort(-p, axis=1, kind="stable")
 
 
-def _io_names(manifest: dict, prep: Preprocessing, num_labels: int) -> tuple[str, str]:
-    """The image input and logits output named in the manifest, checked against its own shapes."""
-    try:
-        graph = manifest["graphs"]["model"]
-        inputs, outputs = graph["inputs"], graph["outputs"]
-    except (KeyError, TypeError) as e:
-        raise ManifestError(f"manifest lacks graphs.model inputs/outputs: {e!r}") from e
-    if len(inputs) != 1:
-        raise ManifestError(f"expected one graph input (the images), the manifest lists {len(inputs)}")
-    image = inputs[0]
+def _io_names(manifest: Manifest, prep: Preprocessing, num_labels: int) -> tuple[str, str]:
+    """The image input and logits output the manifest names by role, checked against its own tensor list."""
+    graph, io = manifest.graph("model"), manifest.io
+    assert io is not None  # the contract requires it of an image classifier
+    image, logits = graph.input(io.images), graph.output(io.logits)
+    if image is None or logits is None:
+        raise ManifestError(
+            f"manifest io names input {io.images!r} and output {io.logits!r}, graphs.model lists inputs "
+            f"{[t.name for t in graph.inputs]} and outputs {[t.name for t in graph.outputs]}"
+        )
     expected = [prep.channels, prep.image_size, prep.image_size]
-    if image.get("dtype") != "float32" or list(image.get("shape", []))[1:] != expected:
-        raise ManifestError(
-            f"graph input {image.get('name')!r} is not float32 (batch, {', '.join(map(str, expected))})"
-        )
-    attention = (manifest.get("attention") or {}).get("output")
-    candidates = [
-        o
-        for o in outputs
-        if o.get("name") != attention and len(o.get("shape", [])) == 2 and o["shape"][1] == num_labels
-    ]
-    if len(candidates) != 1:
-        raise ManifestError(
-            f"expected exactly one (batch, {num_labels}) logits output besides the attention output, "
-            f"found {[o.get('name') for o in candidates]}"
-        )
-    return str(image["name"]), str(candidates[0]["name"])
+    if image.dtype != "float32" or list(image.shape)[1:] != expected:
+        raise ManifestError(f"graph input {image.name!r} is not float32 (batch, {', '.join(map(str, expected))})")
+    if list(logits.shape)[1:] != [num_labels]:
+        raise ManifestError(f"graph output {logits.name!r} is not (batch, {num_labels}) for the {num_labels} labels")
+    return image.name, logits.name

@@ -13,10 +13,10 @@ import enum
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from contract.manifest import ManifestError, latest_versions, load_entry, read_manifest
+from contract.manifest import Entry, Manifest, ManifestError, latest_versions, load_entry, read_manifest
 from service.batching import Batcher, Intake
 from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.classifier import Classifier
@@ -50,7 +50,7 @@ class ServedModel:
     task: str | None = None
     status: Status = Status.PENDING
     reason: str | None = None
-    manifest: dict = field(default_factory=dict)
+    manifest: Manifest | None = None
     classifier: Classifier | None = None
     batcher: Batcher | None = None
     translator: Translator | None = None
@@ -72,9 +72,9 @@ class ServedModel:
             "status": self.status.value,
             "reason": self.reason,
             "provider": self.provider,
-            "created_at": m.get("created_at"),
-            "labels": m.get("labels"),
-            "evaluation": m.get("evaluation"),
+            "created_at": m.created_at if m else None,
+            "labels": (m.labels or None) if m else None,
+            "evaluation": (m.evaluation or None) if m else None,
         }
         if self.classifier is not None:
             p = self.classifier.preprocessing
@@ -85,13 +85,13 @@ class ServedModel:
         if self.batcher is not None:
             out["max_batch_size"] = self.batcher.max_batch_size
         if self.translator is not None:
-            out["languages"] = m.get("languages")
+            out["languages"] = m.languages if m else None
             out["decoding"] = {
                 "default_beam_size": self.translator.default_beam,
                 "default_length_penalty": self.translator.default_length_penalty,
             }
             if self.translator.has_attention:
-                att = m.get("attention", {})
+                att = (m.attention if m else None) or {}
                 out["attention"] = {
                     "encoder_layers": att.get("encoder", {}).get("layers"),
                     "decoder_layers": self.translator.spec.layers,
@@ -162,12 +162,10 @@ class Registry:
             if model.task == TRANSLATION:
                 self._load_translator(model, entry)
                 return
-            graphs = entry.manifest["graphs"]
-            handle = create_session(model.path / graphs["model"]["file"], self.settings)
+            graphs = entry.manifest.graphs
+            handle = create_session(model.path / graphs["model"].file, self.settings)
             attention = (
-                create_session(model.path / graphs["attention"]["file"], self.settings)
-                if "attention" in graphs
-                else None
+                create_session(model.path / graphs["attention"].file, self.settings) if "attention" in graphs else None
             )
             model.provider = handle.provider
             model.classifier = Classifier(entry, handle, attention)
@@ -186,12 +184,12 @@ class Registry:
         finally:
             model.load_seconds = round(time.perf_counter() - started, 3)
 
-    def _load_translator(self, model: ServedModel, entry) -> None:
-        graphs = entry.manifest["graphs"]
-        encoder = create_session(model.path / graphs["encoder"]["file"], self.settings)
-        decoder = create_session(model.path / graphs["decoder"]["file"], self.settings)
+    def _load_translator(self, model: ServedModel, entry: Entry) -> None:
+        graphs = entry.manifest.graphs
+        encoder = create_session(model.path / graphs["encoder"].file, self.settings)
+        decoder = create_session(model.path / graphs["decoder"].file, self.settings)
         prefix = (
-            create_session(model.path / graphs["decoder_prefix"]["file"], self.settings)
+            create_session(model.path / graphs["decoder_prefix"].file, self.settings)
             if "decoder_prefix" in graphs
             else None
         )

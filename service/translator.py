@@ -45,15 +45,16 @@ class Translator:
     ) -> None:
         m = entry.manifest
         self.name, self.version = entry.name, entry.version
+        if m.tokenizer is None or m.decoding is None:  # the contract requires both of a translator
+            raise ManifestError(f"{entry.path}: a translation manifest needs tokenizer and decoding sections")
         try:
-            special = m["tokenizer"]["special_ids"]
-            self.tokenizer = Tokenizer.load(entry.path / m["tokenizer"]["file"])
-            self.spec = DecoderSpec.from_manifest(m)
-            self.default_beam = int(m["decoding"].get("beam", 1))
-            self.default_length_penalty = float(m["decoding"].get("length_penalty", 1.0))
-        except (KeyError, TypeError, ValueError, TokenizerError) as e:
-            raise ManifestError(f"{entry.path}: translation manifest is incomplete or malformed: {e!r}") from e
-        if self.tokenizer.special.as_dict() != {k: int(v) for k, v in special.items()}:
+            self.tokenizer = Tokenizer.load(entry.path / m.tokenizer.file)
+        except TokenizerError as e:
+            raise ManifestError(f"{entry.path}: {e}") from e
+        self.spec = DecoderSpec.from_manifest(m)
+        self.default_beam = m.decoding.beam
+        self.default_length_penalty = m.decoding.length_penalty
+        if self.tokenizer.special.as_dict() != m.tokenizer.special_ids.model_dump():
             raise ManifestError(f"{entry.path}: tokenizer special ids differ from the manifest's")
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
         outputs = decoding_outputs(self.spec.layers)

@@ -11,11 +11,11 @@ import logging
 
 import numpy as np
 
+from contract.manifest import ImageAttention
 from service.attention.record import AttentionRecord
 from service.attention.rollout import Fusion, alignment, class_token_rollout
 from service.attention.store import AttentionStore
 from service.classifier import TASK as IMAGE_CLASSIFICATION
-from service.classifier import AttentionSpec
 from service.errors import AttentionStoreUnavailable
 from service.translator import TASK as TRANSLATION
 
@@ -27,7 +27,7 @@ ALIGNMENT_REDUCTION = "cross-attention of the last decoder layer, mean over head
 
 
 def vit_record(
-    model: str, version: str, spec: AttentionSpec, attention: np.ndarray, pixels: np.ndarray, prediction: dict
+    model: str, version: str, spec: ImageAttention, attention: np.ndarray, pixels: np.ndarray, prediction: dict
 ) -> AttentionRecord:
     """One image's (layers, heads, tokens, tokens) attention and the pixels the model saw."""
     meta = {
@@ -39,7 +39,7 @@ def vit_record(
     return AttentionRecord(IMAGE_CLASSIFICATION, model, version, {VIT_MAP: attention}, meta, pixels)
 
 
-def vit_summary(spec: AttentionSpec, attention: np.ndarray, fusion: Fusion) -> dict:
+def vit_summary(spec: ImageAttention, attention: np.ndarray, fusion: Fusion) -> dict:
     grid = class_token_rollout(attention, spec.grid, spec.prefix_tokens, fusion)
     return {"kind": "rollout", "fusion": fusion, "grid": list(spec.grid), "rollout": grid.tolist()}
 

@@ -42,10 +42,10 @@ async def samples(registry: RegistryDep) -> dict:
         if m.task == IMAGE_CLASSIFICATION:
             images += [
                 {"model": m.name, "label": s["label"], "url": f"/samples/{m.name}/{s['file']}"}
-                for s in m.manifest.get("samples", [])
+                for s in m.manifest.samples
             ]
         elif m.task == TRANSLATION:
-            examples = m.manifest.get("evaluation", {}).get("examples", [])[:MAX_SAMPLE_TEXTS]
+            examples = m.manifest.evaluation.get("examples", [])[:MAX_SAMPLE_TEXTS]
             texts += [{"model": m.name, "text": e["source"], "reference": e.get("reference")} for e in examples]
     return {"images": images, "texts": texts}
 
@@ -53,7 +53,7 @@ async def samples(registry: RegistryDep) -> dict:
 @router.get("/samples/{model}/{file}", summary="One sample image")
 async def sample_file(model: str, file: str, registry: RegistryDep) -> FileResponse:
     m = registry.models.get(model)
-    listed = {s["file"] for s in (m.manifest.get("samples", []) if m is not None else [])}
+    listed = {s["file"] for s in m.manifest.samples} if m is not None and m.manifest is not None else set()
     if m is None or file not in listed:  # only files the manifest lists (and sha256-verified): no path games
         raise SampleNotFound(f"no sample {file!r} in model {model!r}")
     return FileResponse(m.path / file, media_type="image/png", headers={"Cache-Control": "public, max-age=3600"})

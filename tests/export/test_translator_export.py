@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from contract.decoding import decoder_inputs, decoding_outputs, session_fn
-from contract.manifest import load_entry
+from contract.manifest import load_entry, read_manifest
 from contract.tokenizer import Tokenizer
 from export.common import ExportError
 from export.translator import check_parity, decoder_spec, export_graphs, parity_report
@@ -24,7 +24,7 @@ def entry(tiny_translator_repository):
 
 
 def test_the_entry_lists_every_file_with_its_sha256(entry):
-    m = entry.manifest
+    m = read_manifest(entry.path)
     assert m["task"] == "translation" and set(m["files"]) == {
         "encoder.onnx",
         "decoder.onnx",
@@ -36,16 +36,16 @@ def test_the_entry_lists_every_file_with_its_sha256(entry):
 
 
 def test_graph_names_and_dynamic_axes_are_recorded(entry):
-    enc, dec = entry.manifest["graphs"]["encoder"], entry.manifest["graphs"]["decoder"]
+    enc, dec = read_manifest(entry.path)["graphs"]["encoder"], read_manifest(entry.path)["graphs"]["decoder"]
     assert [i["name"] for i in enc["inputs"]] == ["src_ids", "src_mask"]
     assert [o["name"] for o in enc["outputs"]] == ["memory", "cross_keys", "cross_values", "encoder_attentions"]
-    layers = entry.manifest["decoding"]["layers"]
+    layers = read_manifest(entry.path)["decoding"]["layers"]
     assert [i["name"] for i in dec["inputs"]] == decoder_inputs(
         layers
     )  # one cache tensor per layer: no split, no stack
     assert [o["name"] for o in dec["outputs"]] == list(decoding_outputs(layers)["decoder"])  # no attention per step
     assert dec["outputs"][1]["name"] == "new_keys_0"  # the new position only: the caller's buffers hold the cache
-    prefix = entry.manifest["graphs"]["decoder_prefix"]
+    prefix = read_manifest(entry.path)["graphs"]["decoder_prefix"]
     assert [i["name"] for i in prefix["inputs"]] == ["tgt_ids", "cross_keys", "cross_values", "src_mask"]
     assert [o["name"] for o in prefix["outputs"]] == ["log_probs", "self_attentions", "cross_attentions"]
     past = next(i for i in dec["inputs"] if i["name"] == "past_keys_0")["shape"]
@@ -56,7 +56,7 @@ def test_graph_names_and_dynamic_axes_are_recorded(entry):
 
 
 def test_parity_and_evaluation_are_recorded(entry):
-    ev = entry.manifest["evaluation"]
+    ev = read_manifest(entry.path)["evaluation"]
     assert ev["parity"]["identical_tokens"] == ev["parity"]["sentences"] == min(20, ev["sentences"]) > 0
     assert ev["parity"]["max_abs_log_probs"] <= 1e-4 and ev["parity"]["prefix_vs_steps_max_abs"] <= 1e-4
     assert ev["parity"]["prefix_max_abs_attention"] <= 1e-5
@@ -73,7 +73,7 @@ def test_parity_and_evaluation_are_recorded(entry):
     for d in domains.values():
         assert 0 <= d["greedy"]["bleu"] <= 100 and 0 <= d["beam4"]["chrf"] <= 100
     assert ev["signatures"]["bleu"].startswith("nrefs:1|") and "chrF" not in ev["signatures"]["bleu"]
-    assert entry.manifest["data"]["folder"]  # the tiny corpus has no stats.json: no sources to name
+    assert read_manifest(entry.path)["data"]["folder"]  # the tiny corpus has no stats.json: no sources to name
 
 
 def test_average_of_the_last_epochs(tiny_translator_checkpoint, tmp_path):
@@ -92,7 +92,7 @@ def test_encoder_outputs_for_a_padded_batch(entry):
     sess = ort.InferenceSession(str(entry.path / "encoder.onnx"), providers=["CPUExecutionProvider"])
     ids = np.array([[40, 41, 42, 2], [50, 2, 0, 0]], dtype=np.int64)
     memory, ck, cv, attn = sess.run(None, {"src_ids": ids, "src_mask": ids != 0})
-    cfg = entry.manifest["model"]["config"]
+    cfg = read_manifest(entry.path)["model"]["config"]
     heads, layers = cfg["heads"], cfg["decoder_layers"]
     assert memory.shape == (2, 4, cfg["dim"]) and ck.shape == cv.shape == (layers, 2, heads, 4, cfg["dim"] // heads)
     assert attn.shape == (2, cfg["encoder_layers"], heads, 4, 4)

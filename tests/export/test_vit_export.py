@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from contract.manifest import ManifestError, load_entry, read_manifest, verify_files, write_manifest
+from contract.manifest import ManifestError, load_entry, parse_manifest, read_manifest, verify_files, write_manifest
 from export.common import ExportError, cpu_session
 from export.vit import ATTENTION_TOL, LOGITS_TOL, check_parity, parity_report, preprocess
 from model.vit import ViT, ViTConfig
@@ -94,7 +94,7 @@ def test_corrupted_file_is_detected(tmp_path, entry):
     data[len(data) // 2] ^= 0xFF
     (copy / "model.onnx").write_bytes(bytes(data))
     with pytest.raises(ManifestError, match=r"model.onnx: sha256 mismatch .* corrupted"):
-        verify_files(copy, read_manifest(copy))
+        verify_files(copy, parse_manifest(read_manifest(copy)))
     (copy / "model.onnx").unlink()
     with pytest.raises(ManifestError, match="missing"):
         load_entry(copy)

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from contract.manifest import ImageAttention
 from service.attention import render
 from service.attention.capture import translation_record, vit_record
 from service.attention.record import AttentionRecord, RecordError
 from service.attention.rollout import alignment, class_token_rollout, rollout
 from service.attention.store import MemoryStore, StoreUnavailable
 from service.attention.views import as_json, as_npz, map_names, select
-from service.classifier import AttentionSpec
 from service.errors import InvalidField
 
 
@@ -73,8 +73,8 @@ def test_alignment_is_the_last_layer_mean_over_heads():
     np.testing.assert_allclose(alignment(cross), cross[1].mean(0))
 
 
-def vit_spec(n=5) -> AttentionSpec:
-    return AttentionSpec("attentions", 3, 2, n, 1, (2, 2), 4)
+def vit_spec(n=5) -> ImageAttention:
+    return ImageAttention(output="attentions", layers=3, heads=2, tokens=n, prefix_tokens=1, grid=(2, 2), patch_size=4)
 
 
 def a_vit_record(seed=0) -> AttentionRecord:

@@ -9,7 +9,7 @@ import pytest
 from contract.decoding import DecodeBatch, Request, step
 from service.errors import InferenceFailed, InvalidField, Overloaded
 from service.scheduler import Scheduler
-from tests.service.test_decoding import EOS, LONG, SPEC, TRAP, A, B, bigram_graphs
+from tests.contract.test_decoding import EOS, LONG, SPEC, TRAP, A, B, bigram_graphs
 
 
 class BigramTranslator:

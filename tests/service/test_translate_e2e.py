@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from contract.decoding import DecoderSpec, greedy, session_fn
+from contract.manifest import load_entry
 from contract.tokenizer import Tokenizer
 from tests.service.service_testing import BASE_ENV, metric_value, serving, wait_until
 
@@ -45,7 +46,7 @@ def server(repository, tmp_path_factory):
 def offline(repository):
     """Greedy decoding straight on onnxruntime sessions of the same entry: the reference."""
     entry = repository / "translator" / "1"
-    spec = DecoderSpec.from_manifest(json.loads((entry / "manifest.json").read_text()))
+    spec = DecoderSpec.from_manifest(load_entry(entry).manifest)
     enc, dec = (
         session_fn(ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]))
         for f in ("encoder.onnx", "decoder.onnx")

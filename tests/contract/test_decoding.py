@@ -6,8 +6,6 @@ probable sentence that greedy misses); the tiny exported translator checks it on
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -24,6 +22,7 @@ from contract.decoding import (
     session_fn,
     step,
 )
+from contract.manifest import load_entry
 
 PAD, BOS, EOS, A, B = range(5)
 SPEC = DecoderSpec(layers=1, heads=1, head_dim=1, max_positions=50)
@@ -98,7 +97,7 @@ def test_pad_sources_refuses_empty_input():
 @pytest.fixture(scope="module")
 def tiny_graphs(tiny_translator_repository):
     entry = tiny_translator_repository / "translator" / "1"
-    spec = DecoderSpec.from_manifest(json.loads((entry / "manifest.json").read_text()))
+    spec = DecoderSpec.from_manifest(load_entry(entry).manifest)
     sessions = [
         ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])
         for f in ("encoder.onnx", "decoder.onnx")
