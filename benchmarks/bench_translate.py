@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from contract.decoding import DecoderSpec, Request, pad_sources, run_to_end, session_fn
+from contract.decoding import DecoderSpec, Graph, Request, pad_sources, run_to_end, session_fn
 from contract.manifest import load_entry
 from contract.tokenizer import Tokenizer
 from service.runtime import create_session
@@ -43,6 +43,18 @@ from service.settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = (Path(__file__).parent / "translate_sentences.txt").read_text().splitlines()
 STAGGER_S = 0.01  # arrival gap of the staggered-arrival comparison
+
+
+def without_eos(decoder: Graph, eos: int) -> Graph:
+    """The step graph with end-of-sentence ruled out, so every sentence decodes exactly ``max_new_tokens``
+    tokens: timings at a fixed length (in place, on onnxruntime's fresh output array)."""
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = decoder(feeds)
+        out["log_probs"][:, eos] = -np.inf
+        return out
+
+    return run
 
 
 class Bare:
@@ -54,6 +66,7 @@ class Bare:
         g = {k: session_fn(create_session(entry_dir / v.file, settings).session) for k, v in m.graphs.items()}
         self.encoder, self.decoder, self.prefix = g["encoder"], g["decoder"], g.get("decoder_prefix")
         self.spec = DecoderSpec.from_manifest(m)
+        self.fixed_length_decoder = without_eos(self.decoder, self.spec.eos_id)
         self.tok = Tokenizer.load(entry_dir / m.tokenizer.file)
         self.manifest = m
 
@@ -62,9 +75,9 @@ class Bare:
 
     def cached(self, sources: list[list[int]], tokens: int, beam: int = 1) -> float:
         """Seconds to generate exactly ``tokens`` per sentence with the KV cache."""
-        reqs = [Request(s, tokens, beam=beam, ignore_eos=True) for s in sources]
+        reqs = [Request(s, tokens, beam=beam) for s in sources]
         start = time.perf_counter()
-        run_to_end(self.encoder, self.decoder, reqs, self.spec)
+        run_to_end(self.encoder, self.fixed_length_decoder, reqs, self.spec)
         return time.perf_counter() - start
 
     def uncached(self, sources: list[list[int]], tokens: int) -> float:
@@ -110,7 +123,10 @@ def median_of(rounds: int, fn) -> float:
 # ---- the service ------------------------------------------------------------------------------
 
 
-def start_service(repository: Path, workdir: Path, **settings: str) -> tuple[subprocess.Popen, str]:
+def start_service(
+    repository: Path, workdir: Path, module: str = "service", **settings: str
+) -> tuple[subprocess.Popen, str]:
+    """``python -m MODULE`` serving ``repository`` on a free port; returns it and its URL once ready."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -123,7 +139,7 @@ def start_service(repository: Path, workdir: Path, **settings: str) -> tuple[sub
         **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()},
     }
     log = open(workdir / f"service-{port}.log", "w")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -322,7 +338,7 @@ def service_rows(args: argparse.Namespace, bare: Bare) -> list[tuple[str, str]]:
         procs = {}
         try:
             procs["continuous"] = start_service(args.repository.resolve(), Path(tmp))
-            procs["static"] = start_service(args.repository.resolve(), Path(tmp), decode_batching="static")
+            procs["static"] = start_service(args.repository.resolve(), Path(tmp), module="benchmarks.static_batching")
             seq, cont, stat, ttft, stagger = [], [], [], [], {}
             for _ in range(args.rounds):
                 t, answers = asyncio.run(one_at_a_time(procs["continuous"][1], texts))

@@ -120,7 +120,6 @@ class Request:
     length_penalty: float = 1.0
     num_return: int = 1
     record: bool = False  # keep every step's log-probs (parity checks)
-    ignore_eos: bool = False  # never stop before max_new_tokens (benchmarks at a fixed length)
     id: int = field(default_factory=lambda: next(_ids))
     live: list[Hypothesis] = field(default_factory=list)  # one per row, in row order
     done: list[Hypothesis] = field(default_factory=list)
@@ -344,14 +343,10 @@ def _greedy(req: Request, tok: int, log_prob: float, eos: int) -> list[tuple[int
     return [] if req.steps >= req.max_new_tokens else [(0, tok)]
 
 
-def _searches(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What a step selects from: log-probs with eos ruled out for ``ignore_eos`` rows, and the best
-    candidates (ids, log-probs) of every row of a request that searches (beam > 1, or recording)."""
+def _candidates(batch: DecodeBatch, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The best candidates (ids, log-probs) of every row of a request that searches (beam > 1, or recording)."""
     requests = batch.requests
     beams = [r.beam for r in requests]
-    if any(r.ignore_eos for r in requests):
-        log_probs = log_probs.copy()
-        log_probs[np.repeat([r.ignore_eos for r in requests], beams), eos] = -np.inf
     searches = [r.beam > 1 or r.record for r in requests]
     searching = np.repeat(searches, beams)
     k = min(2 * max((r.beam for r, s in zip(requests, searches) if s), default=1), log_probs.shape[1])
@@ -359,7 +354,7 @@ def _searches(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> tuple[np.n
     values = np.full((len(log_probs), k), -np.inf, dtype=log_probs.dtype)
     if searching.any():
         ids[searching], values[searching] = top_candidates(log_probs[searching], k)
-    return log_probs, ids, values
+    return ids, values
 
 
 def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Request], DecodeBatch]:
@@ -378,7 +373,8 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Re
         feeds[f"cross_keys_{i}"], feeds[f"cross_values_{i}"] = batch.cross_keys[i], batch.cross_values[i]
     out = decoder(feeds)
     batch.append([out[f"new_keys_{i}"] for i in layers], [out[f"new_values_{i}"] for i in layers])  # in place
-    log_probs, ids, values = _searches(batch, out["log_probs"], spec.eos_id)
+    log_probs = out["log_probs"]
+    ids, values = _candidates(batch, log_probs)
     best = log_probs.argmax(-1)
     best_log_probs = log_probs[np.arange(len(best)), best].tolist()
     best = best.tolist()

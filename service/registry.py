@@ -213,7 +213,6 @@ class Registry:
             max_waiting_rows=s.max_waiting_sequences,
             retry_after_s=s.retry_after_s,
             observer=self.metrics.for_decoder(model.name),
-            static=s.decode_batching == "static",
         )
         model.scheduler.start()
         self._mark_ready(model)

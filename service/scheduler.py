@@ -76,7 +76,6 @@ class Scheduler:
         max_waiting_rows: int,
         retry_after_s: int = 1,
         observer: DecodeObserver | None = None,
-        static: bool = False,
     ) -> None:
         if max_running_rows < 1 or max_waiting_rows < 1:
             raise ValueError("max_running_rows and max_waiting_rows must be >= 1")
@@ -84,7 +83,6 @@ class Scheduler:
         self.translator = translator
         self.max_running_rows = max_running_rows
         self.max_waiting_rows = max_waiting_rows
-        self.static = static  # benchmark baseline: admit only into an empty batch, then decode it to the end
         self._retry_after = str(retry_after_s)
         self._observer = observer or NullDecodeObserver()
         self._waiting: deque[Ticket] = deque()
@@ -146,6 +144,16 @@ class Scheduler:
         await asyncio.to_thread(self._executor.shutdown, wait=True)
 
     # ---- worker side -----------------------------------------------------------------------------
+    def _room_for(self, request: Request) -> bool:
+        """Whether a waiting request may join the running batch now: continuous batching, as rows free up."""
+        return self.running_rows + request.beam <= self.max_running_rows
+
+    def _joinable(self) -> bool:
+        """Whether decoding hands back to the loop between steps so that waiting requests join.
+
+        Called on the worker thread: a deque's length is read atomically."""
+        return bool(self._waiting)
+
     def _admit(self) -> list[Ticket]:
         """Waiting tickets that fit the rows free now, in FIFO order; cancelled ones are dropped."""
         joining: list[Ticket] = []
@@ -157,7 +165,7 @@ class Scheduler:
                 self._observer.cancelled()
                 self._resolve(head)
                 continue
-            if self.running_rows + head.request.beam > self.max_running_rows or (self.static and self._running):
+            if not self._room_for(head.request):
                 break
             self._waiting.popleft()
             self.waiting_rows -= head.request.beam
@@ -215,7 +223,7 @@ class Scheduler:
             finished, batch = self.translator.step(batch)
             now = time.perf_counter()
             steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished), now))
-            joinable = bool(self._waiting) and not self.static  # read across threads: a deque's length is atomic
+            joinable = self._joinable()
             if (
                 finished
                 or not len(batch)

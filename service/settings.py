@@ -100,11 +100,6 @@ class Settings(BaseSettings):
     max_waiting_sequences: int = Field(
         512, ge=1, description="Translation: most decoder rows waiting to join the running batch (503 beyond)."
     )
-    decode_batching: Literal["continuous", "static"] = Field(
-        "continuous",
-        description="Translation: `continuous` (requests join and leave between steps) or `static` "
-        "(a batch is formed when the previous one has finished; for comparison).",
-    )
     max_texts_per_request: int = Field(32, ge=1, description="Translation: most texts in one request (422 beyond).")
     max_text_chars: int = Field(2000, ge=1, description="Translation: longest text in characters (413 beyond).")
     max_source_tokens: int = Field(256, ge=1, description="Translation: longest text in tokens (413 beyond).")

@@ -42,7 +42,6 @@ def test_reads_the_environment(monkeypatch):
         ({"require_gpu": True, "execution_provider": "cpu"}, "contradicts"),
         ({"max_beam_size": 16, "max_running_sequences": 8}, "a beam runs in one batch"),
         ({"max_waiting_sequences": 100}, "one full request"),
-        ({"decode_batching": "dynamic"}, "decode_batching"),
         ({"image_formats": ("PNG", "NOTAFORMAT")}, "NOTAFORMAT"),
         ({"port": 0}, "port"),
         ({"max_batch_size": 0}, "max_batch_size"),
