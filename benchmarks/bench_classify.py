@@ -62,7 +62,7 @@ init = function(args)
     local f = assert(io.open(path, "rb"))
     local body = f:read("*a")
     f:close()
-    requests[i] = wrk.format("POST", "/classify", {["Content-Type"] = content_type}, body)
+    requests[i] = wrk.format("POST", "%(route)s", {["Content-Type"] = content_type}, body)
   end
 end
 
@@ -101,14 +101,16 @@ class Run:
 
 # ---- the services under test -----------------------------------------------------------------
 class Service:
-    def __init__(self, name: str, repository: Path, model: str, log_dir: Path, **settings) -> None:
+    """``python -m service`` from the source tree ``root`` (this checkout unless another is given)."""
+
+    def __init__(self, name: str, repository: Path, model: str, log_dir: Path, root: Path = ROOT, **settings) -> None:
         self.name = name
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model
         env = {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(root),
             "ATTNSERVE_MODEL_REPOSITORY": str(repository),
             "ATTNSERVE_PORT": str(self.port),
             "ATTNSERVE_DEFAULT_MODEL": model,
@@ -116,7 +118,7 @@ class Service:
         }
         self.log_path = log_dir / f"service-{name}.log"
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log)
+            self.proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=root, env=env, stdout=log, stderr=log)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -202,19 +204,21 @@ def make_bodies(pngs: list[bytes], per_request: int, encoding: str, count: int =
     return bodies, content_type
 
 
-def write_script(workdir: Path, name: str, bodies: list[bytes], content_type: str) -> Path:
-    paths = []
+def write_script(workdir: Path, name: str, bodies: list[bytes], content_type: str, route: str = "/classify") -> Path:
+    """A wrk script that POSTs ``bodies`` to ``route`` in turn (each body in a file of its own)."""
+    files = []
     for i, body in enumerate(bodies):
-        path = workdir / f"{name}-{i}.body"
-        path.write_bytes(body)
-        paths.append(path)
+        file = workdir / f"{name}-{i}.body"
+        file.write_bytes(body)
+        files.append(file)
     script = workdir / f"{name}.lua"
-    script.write_text(LUA % {"files": ", ".join(f'"{p}"' for p in paths), "content_type": content_type})
+    listed = ", ".join(f'"{f}"' for f in files)
+    script.write_text(LUA % {"files": listed, "content_type": content_type, "route": route})
     return script
 
 
 # ---- measuring -------------------------------------------------------------------------------
-def run_wrk(service: Service, script: Path, clients: int, duration: int, threads: int) -> dict:
+def run_wrk(service: Service, script: Path, clients: int, duration: int, threads: int, path: str = "/classify") -> dict:
     before_batches, before_cpu = service.batch_histogram(), service.cpu_seconds()
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cmd = [
@@ -226,7 +230,7 @@ def run_wrk(service: Service, script: Path, clients: int, duration: int, threads
         "10s",
         "-s",
         str(script),
-        service.url + "/classify",
+        service.url + path,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60, check=False)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -130,3 +130,30 @@ def test_bench_classify_alternates_which_service_goes_first():
         ("batched", 8, 1),
         ("batched", 8, 16),
     ]
+
+
+def test_bench_versions_compares_a_revision_with_this_checkout(
+    tiny_vit_repository, tiny_translator_repository, tmp_path
+):
+    import shutil
+
+    repo = tmp_path / "models"
+    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
+    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
+    proc = run_module(
+        "benchmarks.bench_versions", "--base", "HEAD", "--repository", str(repo), "--rounds", "1", "--duration", "1",
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert_sane_figures(
+        proc.stdout,
+        (
+            "classify, 1 client x 1 image",
+            "classify, 64 clients x 1 image",
+            "classify, 32 clients x 16 images",
+            "translate, 8 clients, greedy",
+            "translate, 4 clients, beam 4",
+        ),
+    )
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("classify,", "translate,"))]
+    assert len(rows) == 5 and all(re.search(r"req/s = \d+\.\d{3}x \(rounds", r) for r in rows)
