@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=int, default=8, help="seconds of each wrk run")
     p.add_argument("--wrk-threads", type=int, default=1)
     p.add_argument("--skip-translate", action="store_true")
+    p.add_argument("--only", help="run only the loads whose name contains this text (e.g. translate)")
     return p.parse_args(argv)
 
 
@@ -103,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: install it with 'sudo apt-get install -y wrk'")
     workdir = Path(tempfile.mkdtemp(prefix="bench-versions-"))
-    runs = loads(workdir, args.repository, not args.skip_translate)
+    runs = [r for r in loads(workdir, args.repository, not args.skip_translate) if (args.only or "") in r.name]
+    if not runs:
+        raise SystemExit(f"no load matches --only {args.only!r}")
     model, _, _ = pick_model(args.repository, None)
     with worktree(args.base) as base_tree:
         settings = {"log_format": "json", "access_log": "false", "max_queue_images": 1024}

@@ -219,6 +219,7 @@ class Registry:
 
     def _fail(self, model: ServedModel, reason: str) -> None:
         model.status, model.reason, model.classifier, model.translator = Status.FAILED, reason, None, None
+        model.provider = None  # a session may have been created before the failure: nothing is served on it
         log.error(
             "model %s failed to load and will not be served: %s",
             model.key,
