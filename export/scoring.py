@@ -17,6 +17,13 @@ import sacrebleu
 EVERYDAY = ("ding", "tuxpaint")
 EXAMPLES = 20  # fixed example translations in the manifest, spread over the domains
 EXAMPLE_MAX_WORDS = 16  # examples are read by people: short sentences
+# An example's beam-search translation against its reference, by sentence chrF: what the web page
+# marks it as, so that a visitor sees what the model does well and badly, not only its best.
+GOOD_CHRF, POOR_CHRF = 60.0, 35.0
+
+
+def quality(chrf: float) -> str:
+    return "good" if chrf >= GOOD_CHRF else "poor" if chrf < POOR_CHRF else "fair"
 
 
 class ScoringError(ValueError):
@@ -99,10 +106,20 @@ def evaluate(translate: Translate, pairs: Sequence[tuple[str, str]], domains: Se
         }
         for d, idx in domain_groups(domains).items()
     }
-    result["examples"] = [
-        {"domain": domains[i], "source": sources[i], "reference": refs[i], **{name: h[i] for name, h in hyps.items()}}
-        for i in pick_examples(pairs, domains)
-    ]
+    best = f"beam{beam}"
+    result["examples"] = []
+    for i in pick_examples(pairs, domains):
+        chrf = round(sacrebleu.sentence_chrf(hyps[best][i], [refs[i]]).score, 1)
+        result["examples"].append(
+            {
+                "domain": domains[i],
+                "source": sources[i],
+                "reference": refs[i],
+                **{name: h[i] for name, h in hyps.items()},
+                "chrf": chrf,
+                "quality": quality(chrf),
+            }
+        )
     result["sacrebleu"] = sacrebleu.__version__
     result["signatures"] = signatures()
     return result

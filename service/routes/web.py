@@ -31,10 +31,24 @@ async def index() -> FileResponse:
     return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
 
 
+def sample_texts(examples: list[dict]) -> list[dict]:
+    """At most ``MAX_SAMPLE_TEXTS`` examples; where they are marked, as many translated badly as well, so
+    that the page shows what the model cannot do beside what it can."""
+    marked = [e for e in examples if e.get("quality") in ("good", "fair", "poor")]
+    if not marked:
+        return examples[:MAX_SAMPLE_TEXTS]
+    good = [e for e in marked if e["quality"] == "good"] + [e for e in marked if e["quality"] == "fair"]
+    poor = [e for e in marked if e["quality"] == "poor"]
+    half = MAX_SAMPLE_TEXTS // 2
+    take_poor = min(len(poor), max(half, MAX_SAMPLE_TEXTS - len(good)))
+    return good[: MAX_SAMPLE_TEXTS - take_poor] + poor[:take_poor]
+
+
 @router.get("/samples", summary="Sample inputs shipped with the served models")
 async def samples(registry: RegistryDep) -> dict:
     """Images: `{model, label, url}` from each ready classifier's manifest; texts: test-set sources of
-    each ready translator's manifest (its evaluation examples)."""
+    each ready translator's manifest (its evaluation examples), with their domain and how well the model
+    translates them (`good`, `fair`, `poor` by sentence chrF against the reference) where the manifest says."""
     images, texts = [], []
     for m in registry.models.values():
         if m.status is not Status.READY:
@@ -45,8 +59,16 @@ async def samples(registry: RegistryDep) -> dict:
                 for s in m.manifest.samples
             ]
         elif m.task == TRANSLATION:
-            examples = m.manifest.evaluation.get("examples", [])[:MAX_SAMPLE_TEXTS]
-            texts += [{"model": m.name, "text": e["source"], "reference": e.get("reference")} for e in examples]
+            texts += [
+                {
+                    "model": m.name,
+                    "text": e["source"],
+                    "reference": e.get("reference"),
+                    "domain": e.get("domain"),
+                    "quality": e.get("quality"),
+                }
+                for e in sample_texts(m.manifest.evaluation.get("examples", []))
+            ]
     return {"images": images, "texts": texts}
 
 

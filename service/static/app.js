@@ -41,6 +41,23 @@ async function loadModels() {
     fillSelect($("vit-head"), ...heads(a.heads));
   }
   if (state.translator && state.translator.attention) setTranslatorSelectors();
+  if (state.translator) describeTranslator(state.translator.evaluation || {});
+}
+
+// What the translator is good for, from its manifest's per-domain test scores (GET /models).
+const DOMAINS = { help: "help pages", ui: "UI labels", wesnoth: "game dialogue", freeciv: "game help",
+                  everyday: "everyday sentences" };
+
+function describeTranslator(evaluation) {
+  const domains = evaluation.domains;
+  if (!domains) return;
+  const beam = Object.keys(evaluation).find((k) => /^beam\d+$/.test(k)) || "greedy";
+  const scores = Object.entries(DOMAINS).filter(([d]) => domains[d])
+    .map(([d, name]) => `${name} ${domains[d][beam].bleu.toFixed(1)}`);
+  $("translator-note").textContent = `Trained on software help and UI text, game dialogue and dictionary ` +
+    `sentences. Test BLEU (${beam.replace("beam", "beam ")}): ${scores.join(", ")}. ` +
+    `Sample sentences marked ✓ it translates well, ✗ badly.`;
+  $("translator-note").hidden = false;
 }
 
 function setTranslatorSelectors() {
@@ -65,11 +82,14 @@ async function loadSamples() {
     b.onclick = async () => classify(await (await fetch(s.url)).blob());
     return b;
   }));
-  $("sentences").replaceChildren(...texts.slice(0, 5).map((t) => {
+  const marks = { good: ["✓ ", "translates well"], fair: ["", "translates fairly"], poor: ["✗ ", "translates badly"] };
+  $("sentences").replaceChildren(...texts.map((t) => {
     const b = document.createElement("button");
     b.type = "button";
-    b.className = "chip";
-    b.textContent = t.text;
+    b.className = t.quality ? `chip ${t.quality}` : "chip";
+    const [mark, meaning] = marks[t.quality] || ["", ""];
+    b.textContent = mark + t.text;
+    if (meaning) b.title = `The model ${meaning} (${t.domain}); reference: ${t.reference}`;
     b.onclick = () => { $("text").value = t.text; $("translate-form").requestSubmit(); };
     return b;
   }));

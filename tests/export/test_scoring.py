@@ -45,5 +45,8 @@ def test_evaluate_scores_each_domain_from_the_same_translations():
     assert result["domains"]["help"]["beam4"]["bleu"] < 20 and result["domains"]["help"]["sentences"] == 12
     assert 20 < result["greedy"]["bleu"] < 100 and result["beam4"]["beam"] == 4
     assert result["copy_source"]["bleu"] < 20 and len(result["examples"]) == 20
-    assert {"domain", "source", "reference", "greedy", "beam4"} <= set(result["examples"][0])
+    assert {"domain", "source", "reference", "greedy", "beam4", "chrf", "quality"} <= set(result["examples"][0])
+    marks = {e["domain"]: e["quality"] for e in result["examples"]}
+    assert marks["ding"] == "good" and marks["help"] == "poor"  # the copied source is far from its reference
+    assert all(e["chrf"] == 100 for e in result["examples"] if e["domain"] != "help")
     assert result["signatures"]["chrf"].startswith("nrefs:1|")

@@ -104,3 +104,22 @@ def test_a_sentence_is_translated_with_its_alignment(page, server):
     assert loaded_width(page, "#alignment") == render.grid_size(cols, cols)[0]
     page.screenshot(path=str(ARTIFACTS / "web-translate.png"), full_page=True)
     assert not page.errors
+
+
+def test_the_translator_says_what_it_is_for_and_marks_its_samples(page, server):
+    models = httpx.get(server.url + "/models").json()["models"]
+    domains = next(m for m in models if m["task"] == "translation")["evaluation"]["domains"]
+    note = page.inner_text("#translator-note")
+    assert note.startswith("Trained on") and "Test BLEU (beam 4)" in note
+    assert f"help pages {domains['help']['beam4']['bleu']:.1f}" in note
+    assert f"everyday sentences {domains['everyday']['beam4']['bleu']:.1f}" in note
+    texts = httpx.get(server.url + "/samples").json()["texts"]
+    chips = page.locator("#sentences button")
+    assert chips.count() == len(texts) > 0 and all(t["quality"] in ("good", "fair", "poor") for t in texts)
+    for i, t in enumerate(texts):
+        mark = {"good": "✓ ", "poor": "✗ "}.get(t["quality"], "")
+        assert chips.nth(i).inner_text() == mark + t["text"]
+        assert t["quality"] in chips.nth(i).get_attribute("class") and t["reference"] in chips.nth(i).get_attribute(
+            "title"
+        )
+    assert not page.errors
