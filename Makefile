@@ -9,7 +9,7 @@ RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator models serve lint test test-all bench clean
+.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator models serve lint test test-all bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -65,7 +65,7 @@ export-translator: install-dev  ## export the trained translator into $(MODELS)/
 
 models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 
-serve: install  ## serve $(MODELS) on :8000 (CPU; see README for GPU)
+serve: install  ## serve $(MODELS) on :8000 (CPU; docs/deployment.md for a GPU)
 	ATTNSERVE_MODEL_REPOSITORY=$(MODELS) $(BIN)/python -m service
 
 lint: install-dev  ## ruff check and ruff format --check (the first step of make test)
@@ -82,6 +82,9 @@ bench: install-dev  ## benchmarks (ratios vs bare onnxruntime, attention costs)
 	$(BIN)/python -m benchmarks.bench_classify --repository $(MODELS)
 	$(BIN)/python -m benchmarks.bench_translate --repository $(MODELS)
 	$(BIN)/python -m benchmarks.bench_attention --repository $(MODELS)
+
+docs: $(VENV)/.dev  ## build the docs site into site/ (mkdocs build --strict: a broken link or missing page fails)
+	$(BIN)/python -m mkdocs build --strict
 
 clean:  ## remove build outputs (keeps checkpoints and models)
 	rm -rf build dist *.egg-info .pytest_cache

@@ -1,6 +1,7 @@
 """Every knob of the service, read once from ``ATTNSERVE_*`` environment variables.
 
-One class so that the README's settings table, the validation and the defaults cannot drift apart.
+One class so that the settings page (docs/configuration.md, checked against it by a test), the validation and
+the defaults cannot drift apart.
 Validators refuse values that would make the service unsafe (unbounded bodies, pixel bombs) or
 self-contradictory (a request larger than any batch), at startup rather than at the first request.
 """
@@ -27,7 +28,7 @@ DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 
 
 class Settings(BaseSettings):
-    """Configuration of one service process. Field descriptions are the README's settings table."""
+    """Configuration of one service process. Field descriptions are the settings page's."""
 
     model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid", frozen=True)
 

@@ -1,7 +1,7 @@
 """Cleaning rules for parallel text: each a small pure function, in the order :func:`clean_text` applies them.
 
 Text rules (:data:`TEXT_RULES`) rewrite one side of a pair; pair filters (:data:`PAIR_FILTERS`)
-then accept or reject the cleaned pair as a whole. docs/translation-data.md explains each rule in a
+then accept or reject the cleaned pair as a whole. docs/training/translation-data.md explains each rule in a
 sentence; tests pin each one.
 """
 

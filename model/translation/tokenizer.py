@@ -28,7 +28,7 @@ from model.translation.textio import TextFileError, read_tsv
 
 log = logging.getLogger("attnserve.translation.tokenizer")
 
-# Measured on the real corpus (docs/translation-data.md): unigram and BPE compress alike at 8k
+# Measured on the real corpus (docs/training/translation-data.md): unigram and BPE compress alike at 8k
 # (13.4 pieces per English sentence, 14.6 vs 14.7 per German one); unigram cuts German compounds at
 # morpheme boundaries more often (Vor|bereit|ungen, Groß|ereignis vs Vor|ber|eit|ungen, Groß|ere|ignis).
 TRAINER_OPTIONS = {

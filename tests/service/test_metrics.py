@@ -48,7 +48,7 @@ def cumulative(bounds, observations) -> dict[float, int]:
     return {float(b): sum(1 for o in observations if o <= b) for b in (*bounds, math.inf)}
 
 
-# The README's table of metrics, plus the attention store's: name -> (type, label names).
+# The metrics table of docs/api.md, plus the attention store's: name -> (type, label names).
 EXPORTED = {
     "attnserve_http_requests": ("counter", {"route", "method", "status"}),
     "attnserve_http_request_duration_seconds": ("histogram", {"route", "method"}),
