@@ -114,7 +114,7 @@ def test_bench_classify_runs_and_judges_every_target(tiny_vit_repository):
             "(4) 1 client p50",
         ),
     )
-    assert "targets (1) and (2) are judged against the higher" in proc.stdout
+    assert "(1) and (2) are measured against the higher" in proc.stdout and "target" not in proc.stdout
 
 
 def test_bench_classify_alternates_which_service_goes_first():
