@@ -8,7 +8,6 @@ on the event loop; if the client disconnects meanwhile, its request is dropped b
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 
@@ -17,7 +16,6 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import Receive
 
 from service.attention.capture import store_records, vit_record, vit_summary
 from service.attention.store import AttentionStore
@@ -32,7 +30,7 @@ from service.errors import (
     UnsupportedMediaType,
 )
 from service.images import ImageDecoder
-from service.routes.common import JSON_TYPE, ClientClosedRequest, dump_json, parse_json_body, validated
+from service.routes.common import JSON_TYPE, answer_or_disconnect, dump_json, parse_json_body, validated
 from service.schemas import ERROR_RESPONSES, ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
 from service.settings import Settings
 
@@ -93,7 +91,7 @@ async def classify(request: Request, serving: Serving) -> Response:
         _check_options(options, classifier, settings)
         rows = await _prepare(images, classifier, decoder)
         future = batcher.submit(rows, attention=options.return_attention)
-    out = await _result_or_disconnect(future, request.receive)
+    out = await answer_or_disconnect(future, request.receive, future.cancel)
     results = [{"top_k": top} for top in classifier.top_k(out[0], out[1], options.top_k)]
     if (
         options.return_attention
@@ -209,43 +207,3 @@ async def _prepare(images: list[bytes], classifier: Classifier, decoder: ImageDe
                 e.message = f"images[{i}]: {e.message}"
             raise
     return prep.stack(pixels)
-
-
-WATCH_AFTER_S = 0.02  # a request not answered by then starts watching for its client's disconnect
-
-
-async def _result_or_disconnect(future: asyncio.Future, receive: Receive) -> tuple[np.ndarray, ...]:
-    """The batcher's answer; if the client disconnects first, cancel the request so it is never computed.
-
-    Most answers come within a few milliseconds: watching for a disconnect (a task awaiting
-    ``receive``) only starts after ``WATCH_AFTER_S``, where it can still save a queued request's
-    compute, instead of costing every request a task.
-    """
-    watcher: asyncio.Future | None = None
-
-    def watch() -> None:
-        nonlocal watcher
-        if not future.done():
-            watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, future))
-
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
-    try:
-        return await future
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        cancelling = getattr(task, "cancelling", lambda: 0)()  # Task.cancelling() is Python >= 3.11
-        if future.cancelled() and not cancelling:
-            raise ClientClosedRequest("client disconnected before its answer was ready") from None
-        raise
-    finally:
-        timer.cancel()
-        if watcher is not None:
-            watcher.cancel()
-
-
-async def _cancel_on_disconnect(receive: Receive, future: asyncio.Future) -> None:
-    while not future.done():
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            future.cancel()
-            return

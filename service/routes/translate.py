@@ -16,14 +16,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive
 
 from contract.decoding import Request as DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
 from service.deps import Serving, ServingDep
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
-from service.routes.common import JSON_TYPE, ClientClosedRequest, parse_json_body
+from service.routes.common import JSON_TYPE, answer_or_disconnect, parse_json_body
 from service.scheduler import Ticket
 from service.schemas import ERROR_RESPONSES, TranslateRequest, TranslateResponse
 from service.settings import Settings
@@ -68,7 +67,12 @@ async def translate(request: Request, serving: Serving) -> Response:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     tickets = scheduler.submit(requests)
-    await _results_or_disconnect(tickets, request.receive)
+
+    def abandon() -> None:
+        for t in tickets:
+            t.cancel()
+
+    await answer_or_disconnect(asyncio.gather(*(t.future for t in tickets)), request.receive, abandon)
     answer = await _answer(translator, tickets, nbest, store)
     return Response(json.dumps(answer, ensure_ascii=False).encode(), media_type=JSON_TYPE)
 
@@ -110,29 +114,6 @@ async def _attach_attention(
             translation_record(translator.name, translator.version, m, source, generated, fed, result["translation"])
         )
     await store_records(store, records, results)
-
-
-async def _results_or_disconnect(tickets: list[Ticket], receive: Receive) -> None:
-    """Wait for every text's result; a client that disconnects first cancels them all."""
-    gathered = asyncio.gather(*(t.future for t in tickets))
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    try:
-        done, _ = await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if gathered in done:
-            gathered.result()  # raises the first failure, if any
-            return
-        raise ClientClosedRequest("client disconnected before its answer was ready")
-    finally:
-        watcher.cancel()
-        if not gathered.done():
-            for t in tickets:
-                t.cancel()
-            gathered.cancel()
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _sse(event: str, data: dict) -> bytes:
