@@ -31,6 +31,7 @@ import numpy as np
 
 from service.errors import InferenceFailed, Overloaded, ShuttingDown
 from service.logs import current_request_id
+from service.observers import UNOBSERVED
 
 log = logging.getLogger("attnserve.batching")
 
@@ -48,14 +49,6 @@ class Queueable(Protocol):
 
 
 class BatchObserver(Protocol):
-    def batch_started(self, images: int, queue_waits: list[float]) -> None: ...
-    def batch_finished(self, images: int, compute_seconds: float, ok: bool) -> None: ...
-    def queue_depth(self, images: int) -> None: ...
-    def dropped(self, requests: int) -> None: ...
-    def rejected(self) -> None: ...
-
-
-class NullObserver:
     def batch_started(self, images: int, queue_waits: list[float]) -> None: ...
     def batch_finished(self, images: int, compute_seconds: float, ok: bool) -> None: ...
     def queue_depth(self, images: int) -> None: ...
@@ -242,7 +235,7 @@ class Batcher:
         self._max_delay = max_queue_delay_s
         self._retry_after = str(retry_after_s)
         self._intake = intake or Intake()
-        self._observer = observer or NullObserver()
+        self._observer = observer or UNOBSERVED
         self._instances = instances
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None

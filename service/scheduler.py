@@ -24,6 +24,7 @@ from typing import Protocol
 
 from contract.decoding import DecodeBatch, Request, concatenate
 from service.errors import InferenceFailed, InvalidField, Overloaded, ShuttingDown
+from service.observers import UNOBSERVED
 from service.translator import Translator
 
 log = logging.getLogger("attnserve.scheduler")
@@ -34,14 +35,6 @@ MAX_HOP_SECONDS = 0.02
 
 
 class DecodeObserver(Protocol):
-    def step(self, rows: int, seconds: float, tokens: int) -> None: ...
-    def occupancy(self, running: int, waiting: int) -> None: ...
-    def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None: ...
-    def cancelled(self) -> None: ...
-    def rejected(self) -> None: ...
-
-
-class NullDecodeObserver:
     def step(self, rows: int, seconds: float, tokens: int) -> None: ...
     def occupancy(self, running: int, waiting: int) -> None: ...
     def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None: ...
@@ -84,7 +77,7 @@ class Scheduler:
         self.max_running_rows = max_running_rows
         self.max_waiting_rows = max_waiting_rows
         self._retry_after = str(retry_after_s)
-        self._observer = observer or NullDecodeObserver()
+        self._observer = observer or UNOBSERVED
         self._waiting: deque[Ticket] = deque()
         self._running: dict[int, Ticket] = {}
         self.waiting_rows = 0

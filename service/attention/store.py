@@ -21,6 +21,7 @@ from typing import Protocol
 
 from service.attention.record import AttentionRecord, RecordError
 from service.errors import AttentionStoreUnavailable
+from service.observers import UNOBSERVED
 from service.settings import Settings
 
 KEY_PREFIX = "attnserve:attention:"
@@ -31,12 +32,6 @@ class StoreUnavailable(AttentionStoreUnavailable):
 
 
 class StoreObserver(Protocol):
-    def stored(self, records: int, nbytes: int) -> None: ...
-    def evicted(self, reason: str, count: int = 1) -> None: ...
-    def failed(self, operation: str) -> None: ...
-
-
-class _NullObserver:
     def stored(self, records: int, nbytes: int) -> None: ...
     def evicted(self, reason: str, count: int = 1) -> None: ...
     def failed(self, operation: str) -> None: ...
@@ -58,7 +53,7 @@ class MemoryStore:
     ) -> None:
         self.ttl_s, self.max_bytes = ttl_s, max_bytes
         self._clock = clock
-        self._observer = observer or _NullObserver()
+        self._observer = observer or UNOBSERVED
         self._records: OrderedDict[str, tuple[AttentionRecord, float]] = OrderedDict()  # id -> (record, expiry)
         self.nbytes = 0
 
@@ -125,7 +120,7 @@ class RedisStore:
         import redis.asyncio as aioredis  # only this backend needs the client
 
         self.ttl_s = ttl_s
-        self._observer = observer or _NullObserver()
+        self._observer = observer or UNOBSERVED
         self._redis = aioredis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
         )
