@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from contract.decoding import DecoderSpec, Graph, Request, pad_sources, run_to_end, session_fn
+from contract.decoding import DecodeRequest, DecoderSpec, Graph, pad_sources, run_to_end, session_fn
 from contract.manifest import load_entry
 from contract.tokenizer import Tokenizer
 from service.runtime import create_session
@@ -75,7 +75,7 @@ class Bare:
 
     def cached(self, sources: list[list[int]], tokens: int, beam: int = 1) -> float:
         """Seconds to generate exactly ``tokens`` per sentence with the KV cache."""
-        reqs = [Request(s, tokens, beam=beam) for s in sources]
+        reqs = [DecodeRequest(s, tokens, beam=beam) for s in sources]
         start = time.perf_counter()
         run_to_end(self.encoder, self.fixed_length_decoder, reqs, self.spec)
         return time.perf_counter() - start
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     src = bare.sources(16)
     torch_run = torch_greedy(args.checkpoint, src, max(1, (os.cpu_count() or 2) - 1))
     if torch_run is not None:
-        reqs = lambda: [Request(s, bare.spec.max_length(len(s))) for s in src]
+        reqs = lambda: [DecodeRequest(s, bare.spec.max_length(len(s))) for s in src]
         ort_t = median_of(
             args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec))
         )
@@ -295,7 +295,9 @@ def ctranslate2_rows(args: argparse.Namespace, bare: Bare, loop: dict, settings:
     with tempfile.TemporaryDirectory() as tmp:
         ct2 = translator(convert(args.checkpoint, Path(tmp) / "ct2"), threads)
     src = bare.sources(32)
-    ours = run_to_end(bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s))) for s in src], bare.spec)
+    ours = run_to_end(
+        bare.encoder, bare.decoder, [DecodeRequest(s, bare.spec.max_length(len(s))) for s in src], bare.spec
+    )
     theirs = [decode(ct2, [bare.tok.pieces(s)], None, max_length=bare.spec.max_length(len(s)))[0] for s in src]
     same = sum(bare.tok.pieces(r.results()[0].tokens) == t for r, t in zip(ours, theirs))
     rows = [("CTranslate2 4.x fp32 on our weights: greedy translations identical", f"{same}/32 sentences")]
@@ -314,7 +316,7 @@ def ctranslate2_rows(args: argparse.Namespace, bare: Bare, loop: dict, settings:
 def batching_ceiling(args: argparse.Namespace, bare: Bare) -> tuple[str, str]:
     """What batching can give at all on this machine: the bare loop on 32 sentences at once vs one by one."""
     sources = [bare.tok.encode(t, add_eos=True) for t in SENTENCES[:32]]
-    reqs = lambda batch: [Request(s, bare.spec.max_length(len(s))) for s in batch]
+    reqs = lambda batch: [DecodeRequest(s, bare.spec.max_length(len(s))) for s in batch]
     together = median_of(
         args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(sources), bare.spec))
     )
@@ -362,7 +364,7 @@ def service_rows(args: argparse.Namespace, bare: Bare) -> list[tuple[str, str]]:
         args.rounds,
         lambda: _timed(
             lambda: [
-                run_to_end(bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec)
+                run_to_end(bare.encoder, bare.decoder, [DecodeRequest(s, bare.spec.max_length(len(s)))], bare.spec)
                 for s in sources
             ]
         ),
@@ -370,7 +372,7 @@ def service_rows(args: argparse.Namespace, bare: Bare) -> list[tuple[str, str]]:
     bare_tokens = sum(
         len(r.results()[0].tokens) + 1
         for s in sources
-        for r in run_to_end(bare.encoder, bare.decoder, [Request(s, bare.spec.max_length(len(s)))], bare.spec)
+        for r in run_to_end(bare.encoder, bare.decoder, [DecodeRequest(s, bare.spec.max_length(len(s)))], bare.spec)
     )
     s, c, st = statistics.median(seq), statistics.median(cont), statistics.median(stat)
     rows.append(

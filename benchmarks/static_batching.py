@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from contract.decoding import Request
+from contract.decoding import DecodeRequest
 from service import registry
 from service.__main__ import main as serve
 from service.scheduler import Scheduler
 
 
 class StaticScheduler(Scheduler):
-    def _room_for(self, request: Request) -> bool:
+    def _room_for(self, request: DecodeRequest) -> bool:
         return not self._running and super()._room_for(request)
 
     def _joinable(self) -> bool:

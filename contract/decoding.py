@@ -111,7 +111,7 @@ class Hypothesis:
 
 
 @dataclass(eq=False)
-class Request:
+class DecodeRequest:
     """One source sentence being decoded; owns ``beam`` adjacent rows of the batch while it runs."""
 
     source: list[int]  # token ids ending with eos
@@ -151,7 +151,7 @@ class DecodeBatch:
 
     def __init__(
         self,
-        requests: list[Request],
+        requests: list[DecodeRequest],
         tokens: np.ndarray,
         past_keys: list[np.ndarray],
         past_values: list[np.ndarray],
@@ -178,7 +178,7 @@ class DecodeBatch:
         return np.repeat(np.array([r.steps for r in self.requests], dtype=np.int64), [r.beam for r in self.requests])
 
     @classmethod
-    def start(cls, requests: list[Request], encoder: Graph, spec: DecoderSpec) -> DecodeBatch:
+    def start(cls, requests: list[DecodeRequest], encoder: Graph, spec: DecoderSpec) -> DecodeBatch:
         """Encode the requests' sources together; each request gets ``beam`` rows sharing its encoding."""
         ids, mask = pad_sources([r.source for r in requests], spec.pad_id)
         enc = encoder({"src_ids": ids, "src_mask": mask})
@@ -214,7 +214,7 @@ class DecodeBatch:
         self.past_values = [np.pad(v, pad) for v in self.past_values]
         self.cache_mask = np.pad(self.cache_mask, ((0, 0), (0, GROW)))
 
-    def take(self, rows: np.ndarray, requests: list[Request], tokens: np.ndarray) -> DecodeBatch:
+    def take(self, rows: np.ndarray, requests: list[DecodeRequest], tokens: np.ndarray) -> DecodeBatch:
         """The batch made of ``rows`` (in that order), trimmed of cache and source columns no row uses."""
         cache_mask, src_mask = self.cache_mask[rows], self.src_mask[rows]
         used = cache_mask[:, : self.width].any(0)
@@ -295,7 +295,7 @@ def top_candidates(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _select(
-    req: Request, ids: np.ndarray, values: np.ndarray, eos: int, log_probs: np.ndarray | None = None
+    req: DecodeRequest, ids: np.ndarray, values: np.ndarray, eos: int, log_probs: np.ndarray | None = None
 ) -> list[tuple[int, int]]:
     """Advance one request by a step: (row within the request, next token) for each surviving beam.
 
@@ -331,7 +331,7 @@ def _select(
     return survivors + [survivors[0]] * pad
 
 
-def _greedy(req: Request, tok: int, log_prob: float, eos: int) -> list[tuple[int, int]]:
+def _greedy(req: DecodeRequest, tok: int, log_prob: float, eos: int) -> list[tuple[int, int]]:
     """``_select`` for beam 1, without the candidate search: the batch's argmax is computed once."""
     req.steps += 1
     h = req.live[0]
@@ -357,7 +357,7 @@ def _candidates(batch: DecodeBatch, log_probs: np.ndarray) -> tuple[np.ndarray, 
     return ids, values
 
 
-def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[Request], DecodeBatch]:
+def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[DecodeRequest], DecodeBatch]:
     """One decoder run over the batch: (requests that finished or were cancelled, the next batch).
 
     The batch's cache buffers are written in place; the next batch is the same one unless requests left."""
@@ -415,7 +415,7 @@ def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarr
     return ids, ids != pad_id
 
 
-def run_to_end(encoder: Graph, decoder: Graph, requests: list[Request], spec: DecoderSpec) -> list[Request]:
+def run_to_end(encoder: Graph, decoder: Graph, requests: list[DecodeRequest], spec: DecoderSpec) -> list[DecodeRequest]:
     """Static batching: encode the requests together and step until every one has finished."""
     batch = DecodeBatch.start(requests, encoder, spec)
     while len(batch):
@@ -427,7 +427,7 @@ def greedy(
     encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec, record: bool = False
 ) -> list[Hypothesis]:
     """Greedy decoding of tokenised sources (each ending with eos), one hypothesis each."""
-    reqs = [Request(list(s), spec.max_length(len(s)), record=record) for s in sources]
+    reqs = [DecodeRequest(list(s), spec.max_length(len(s)), record=record) for s in sources]
     return [r.results()[0] for r in run_to_end(encoder, decoder, reqs, spec)]
 
 
@@ -443,5 +443,5 @@ def beam_search(
     stops when it holds ``beam`` finished hypotheses or reaches its length limit."""
     if beam < 1:
         raise ValueError("beam must be >= 1")
-    reqs = [Request(list(s), spec.max_length(len(s)), beam=beam, length_penalty=length_penalty) for s in sources]
+    reqs = [DecodeRequest(list(s), spec.max_length(len(s)), beam=beam, length_penalty=length_penalty) for s in sources]
     return [r.results()[0] for r in run_to_end(encoder, decoder, reqs, spec)]

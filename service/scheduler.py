@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from contract.decoding import DecodeBatch, Request, concatenate
+from contract.decoding import DecodeBatch, DecodeRequest, concatenate
 from service.errors import InferenceFailed, InvalidField, Overloaded, ShuttingDown
 from service.observers import UNOBSERVED
 from service.translator import Translator
@@ -44,10 +44,10 @@ class DecodeObserver(Protocol):
 
 @dataclass(eq=False)
 class Ticket:
-    """A submitted request: its future (resolves to the finished ``Request``) and, when streaming,
+    """A submitted request: its future (resolves to the finished ``DecodeRequest``) and, when streaming,
     a queue of token events (``list[int]`` of the tokens so far, greedy only; ``None`` at the end)."""
 
-    request: Request
+    request: DecodeRequest
     future: asyncio.Future
     events: asyncio.Queue | None = None
     enqueued_at: float = field(default_factory=time.perf_counter)
@@ -88,7 +88,7 @@ class Scheduler:
         self._closed = False
 
     # ---- handle side -----------------------------------------------------------------------------
-    def submit(self, requests: list[Request], stream: bool = False) -> list[Ticket]:
+    def submit(self, requests: list[DecodeRequest], stream: bool = False) -> list[Ticket]:
         """Queue all of a HTTP request's sentences, or none of them (503 when the queue is full)."""
         if self._closed:
             raise ShuttingDown(f"model {self.name} is shutting down")
@@ -137,7 +137,7 @@ class Scheduler:
         await asyncio.to_thread(self._executor.shutdown, wait=True)
 
     # ---- worker side -----------------------------------------------------------------------------
-    def _room_for(self, request: Request) -> bool:
+    def _room_for(self, request: DecodeRequest) -> bool:
         """Whether a waiting request may join the running batch now: continuous batching, as rows free up."""
         return self.running_rows + request.beam <= self.max_running_rows
 
@@ -181,8 +181,8 @@ class Scheduler:
             self._observer.occupancy(self.running_rows, self.waiting_rows)
 
     def _work(
-        self, batch: DecodeBatch | None, joining: list[Request], streaming: bool
-    ) -> tuple[BaseException | None, list[Request], DecodeBatch | None, list[tuple[int, float, int, float]]]:
+        self, batch: DecodeBatch | None, joining: list[DecodeRequest], streaming: bool
+    ) -> tuple[BaseException | None, list[DecodeRequest], DecodeBatch | None, list[tuple[int, float, int, float]]]:
         """One hop of the worker thread: encode the joining requests onto the batch, then decoder steps.
 
         Returns (the encoder's error, if it failed: only the joining requests fail), then ``_steps``'s
@@ -203,7 +203,7 @@ class Scheduler:
 
     def _steps(
         self, batch: DecodeBatch, streaming: bool
-    ) -> tuple[list[Request], DecodeBatch, list[tuple[int, float, int, float]]]:
+    ) -> tuple[list[DecodeRequest], DecodeBatch, list[tuple[int, float, int, float]]]:
         """Decoder steps on the worker thread until the event loop has something to do: a request
         finished or was cancelled, requests wait to join, a stream has a token to send (or its
         first), or ``MAX_STEPS_PER_HOP`` / ``MAX_HOP_SECONDS`` ran out. One thread hop per such

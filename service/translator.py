@@ -14,10 +14,10 @@ import numpy as np
 
 from contract.decoding import (
     DecodeBatch,
+    DecodeRequest,
     DecoderSpec,
     Graph,
     Hypothesis,
-    Request,
     decoder_inputs,
     decoding_outputs,
     pad_sources,
@@ -34,9 +34,12 @@ TASK = "translation"
 
 @dataclass(frozen=True)
 class Limits:
+    """The service's caps on a translation request (its settings), checked with the model's own limits."""
+
     max_chars: int
     max_source_tokens: int
     max_new_tokens: int
+    max_beam_size: int
 
 
 class Translator:
@@ -87,8 +90,11 @@ class Translator:
         length_penalty: float,
         num_return_sequences: int,
         max_new_tokens: int | None,
-    ) -> list[Request]:
-        """Tokenise and validate every text; one decoding request each."""
+    ) -> list[DecodeRequest]:
+        """Check every option against the limits and tokenise and check every text, once, before the
+        queue; one decoding request each, its generation limit resolved."""
+        if beam_size > limits.max_beam_size:
+            raise InvalidField(f"beam_size: must be at most {limits.max_beam_size}")
         if num_return_sequences > beam_size:
             raise InvalidField(f"num_return_sequences ({num_return_sequences}) cannot exceed beam_size ({beam_size})")
         if max_new_tokens is not None and max_new_tokens > min(limits.max_new_tokens, self.spec.max_positions):
@@ -109,7 +115,7 @@ class Translator:
                     f"{min(limits.max_source_tokens, self.spec.max_positions)}"
                 )
         return [
-            Request(
+            DecodeRequest(
                 ids,
                 max_new_tokens or min(self.spec.max_length(len(ids)), limits.max_new_tokens),
                 beam=beam_size,
@@ -119,17 +125,17 @@ class Translator:
             for ids in sources
         ]
 
-    def start(self, requests: list[Request]) -> DecodeBatch:
+    def start(self, requests: list[DecodeRequest]) -> DecodeBatch:
         return DecodeBatch.start(requests, self.encoder, self.spec)
 
-    def step(self, batch: DecodeBatch) -> tuple[list[Request], DecodeBatch]:
+    def step(self, batch: DecodeBatch) -> tuple[list[DecodeRequest], DecodeBatch]:
         return step(batch, self.decoder, self.spec)
 
     def warm_up(self, max_rows: int, should_stop=lambda: False) -> None:
         """Run the graphs at growing batch sizes and cache lengths so that first requests pay no set-up."""
         size = 1
         while size <= max_rows and not should_stop():
-            reqs = [Request([5 + i % 50, self.spec.eos_id], 3) for i in range(size)]
+            reqs = [DecodeRequest([5 + i % 50, self.spec.eos_id], 3) for i in range(size)]
             batch = self.start(reqs)
             while len(batch):
                 _, batch = self.step(batch)
@@ -184,7 +190,7 @@ class Translator:
             "finished": h.finished,
         }
 
-    def result(self, req: Request, nbest: bool) -> dict:
+    def result(self, req: DecodeRequest, nbest: bool) -> dict:
         best = req.results()
         out = {
             "translation": self.tokenizer.decode(best[0].tokens),

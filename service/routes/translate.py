@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from contract.decoding import Request as DecodeRequest
+from contract.decoding import DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
 from service.deps import Serving, ServingDep
@@ -55,7 +55,9 @@ async def translate(request: Request, serving: Serving) -> Response:
         length_penalty=body.length_penalty,
         num_return_sequences=body.num_return_sequences,
         max_new_tokens=body.max_new_tokens,
-        limits=Limits(settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens),
+        limits=Limits(
+            settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
+        ),
     )
     nbest = body.num_return_sequences > 1
     store = serving.attention if body.return_attention else None
@@ -85,8 +87,6 @@ async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
     texts = body.all_texts
     if len(texts) > settings.max_texts_per_request:
         raise InvalidField(f"{len(texts)} texts in one request; at most {settings.max_texts_per_request}")
-    if body.beam_size > settings.max_beam_size:
-        raise InvalidField(f"beam_size: must be at most {settings.max_beam_size}")
     if body.stream and len(texts) != 1:
         raise InvalidField("stream: true takes exactly one text")
     return body

@@ -12,8 +12,8 @@ import pytest
 
 from contract.decoding import (
     DecodeBatch,
+    DecodeRequest,
     DecoderSpec,
-    Request,
     beam_search,
     concatenate,
     greedy,
@@ -120,11 +120,15 @@ def test_on_real_graphs_batching_and_beam_one_change_nothing(tiny_graphs):
 def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
     enc, dec, spec = tiny_graphs
     sources = [[40, 41, 42, 2], [50, 2], [60, 61, 62, 63, 64, 65, 2], [70, 71, 2], [80, 81, 82, 83, 2]]
-    first = [Request(sources[0], 12), Request(sources[1], 12), Request(sources[2], 9, beam=3, num_return=2)]
+    first = [
+        DecodeRequest(sources[0], 12),
+        DecodeRequest(sources[1], 12),
+        DecodeRequest(sources[2], 9, beam=3, num_return=2),
+    ]
     batch = DecodeBatch.start(first, enc, spec)
     for _ in range(3):
         _, batch = step(batch, dec, spec)
-    late = [Request(sources[3], 12, beam=2, num_return=2), Request(sources[4], 5)]
+    late = [DecodeRequest(sources[3], 12, beam=2, num_return=2), DecodeRequest(sources[4], 5)]
     batch = concatenate(batch, DecodeBatch.start(late, enc, spec))
     assert batch.width == 3 and batch.capacity > 3  # three positions written, room for more
     assert batch.cache_mask[-3:].sum() == 0 and batch.cache_mask[:2, :3].all()  # the newcomers' cache is padding
@@ -136,7 +140,7 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
     assert sorted(r.id for r in finished) == sorted(r.id for r in first + late)
     for r in first + late:
         (alone,) = run_to_end(
-            enc, dec, [Request(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec
+            enc, dec, [DecodeRequest(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec
         )
         assert [h.tokens for h in r.results()] == [h.tokens for h in alone.results()]
         np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
@@ -147,7 +151,7 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
 
 def test_a_cancelled_request_leaves_at_the_next_step(tiny_graphs):
     enc, dec, spec = tiny_graphs
-    reqs = [Request([40, 41, 2], 20, beam=2), Request([50, 51, 2], 20)]
+    reqs = [DecodeRequest([40, 41, 2], 20, beam=2), DecodeRequest([50, 51, 2], 20)]
     batch = DecodeBatch.start(reqs, enc, spec)
     _, batch = step(batch, dec, spec)
     reqs[0].cancelled = True
@@ -158,7 +162,7 @@ def test_a_cancelled_request_leaves_at_the_next_step(tiny_graphs):
 def test_request_options_are_validated():
     for bad in ({"source": []}, {"beam": 0}, {"max_new_tokens": 0}, {"num_return": 3, "beam": 2}):
         with pytest.raises(ValueError):
-            Request(**{"source": [5, 2], "max_new_tokens": 4, **bad})
+            DecodeRequest(**{"source": [5, 2], "max_new_tokens": 4, **bad})
 
 
 def test_top_candidates_are_each_rows_best_in_order_with_ties_to_the_lower_id():

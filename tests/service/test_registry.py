@@ -216,7 +216,7 @@ def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_rec
             translator = served.translator
             requests = translator.requests(
                 [example["source"]],
-                limits=Limits(2000, 256, 256),
+                limits=Limits(2000, 256, 256, 1),
                 beam_size=1,
                 length_penalty=1.0,
                 num_return_sequences=1,
@@ -633,7 +633,7 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
             vit.batcher.submit(vit.classifier.preprocessing.stack([pixels[0]]))
         requests = translator.translator.requests(
             ["Hello."],
-            limits=Limits(100, 32, 32),
+            limits=Limits(100, 32, 32, 1),
             beam_size=1,
             length_penalty=1.0,
             num_return_sequences=1,

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from contract.decoding import DecodeBatch, Request, step
+from contract.decoding import DecodeBatch, DecodeRequest, step
 from service.errors import InferenceFailed, InvalidField, Overloaded
 from service.scheduler import Scheduler
 from tests.contract.test_decoding import EOS, LONG, SPEC, TRAP, A, B, bigram_graphs
@@ -43,7 +43,7 @@ async def with_scheduler(body, translator=None, **limits):
 
 def test_greedy_stream_gets_each_token_then_the_end():
     async def body(sched):
-        (ticket,) = sched.submit([Request([A, EOS], 10)], stream=True)
+        (ticket,) = sched.submit([DecodeRequest([A, EOS], 10)], stream=True)
         events = [await ticket.events.get(), await ticket.events.get()]
         return events, await ticket.future
 
@@ -54,9 +54,9 @@ def test_greedy_stream_gets_each_token_then_the_end():
 
 def test_late_requests_join_the_running_batch_and_short_ones_leave_early():
     async def body(sched):
-        long = sched.submit([Request([B, EOS], 200)], stream=True)[0]
+        long = sched.submit([DecodeRequest([B, EOS], 200)], stream=True)[0]
         await long.events.get()  # the long one is running
-        short = sched.submit([Request([A, EOS], 10, beam=2)])[0]
+        short = sched.submit([DecodeRequest([A, EOS], 10, beam=2)])[0]
         done = await asyncio.wait_for(short.future, 5)
         still_running = sched.state()["running_sequences"]
         await long.future
@@ -70,11 +70,11 @@ def test_late_requests_join_the_running_batch_and_short_ones_leave_early():
 def test_admission_limits():
     async def body(sched):
         with pytest.raises(InvalidField):
-            sched.submit([Request([A, EOS], 5, beam=9)])
-        sched.submit([Request([B, EOS], 40, beam=8)] * 1)
-        sched.submit([Request([B, EOS], 40, beam=8)])
+            sched.submit([DecodeRequest([A, EOS], 5, beam=9)])
+        sched.submit([DecodeRequest([B, EOS], 40, beam=8)] * 1)
+        sched.submit([DecodeRequest([B, EOS], 40, beam=8)])
         with pytest.raises(Overloaded) as full:
-            sched.submit([Request([B, EOS], 40, beam=8), Request([A, EOS], 4, beam=8)])
+            sched.submit([DecodeRequest([B, EOS], 40, beam=8), DecodeRequest([A, EOS], 4, beam=8)])
         assert full.value.headers["Retry-After"] == "1"
         return sched.state()
 
@@ -86,11 +86,11 @@ def test_a_failing_step_fails_the_running_requests_and_the_scheduler_goes_on():
     translator = BigramTranslator(fail_after=2)
 
     async def body(sched):
-        (ticket,) = sched.submit([Request([B, EOS], 30)])
+        (ticket,) = sched.submit([DecodeRequest([B, EOS], 30)])
         with pytest.raises(InferenceFailed):
             await ticket.future
         translator.fail_after = None
-        (again,) = sched.submit([Request([A, EOS], 10)])
+        (again,) = sched.submit([DecodeRequest([A, EOS], 10)])
         return (await again.future).results()[0].tokens
 
     assert run(with_scheduler(body, translator)) == [A]
@@ -108,9 +108,9 @@ def test_a_failing_encoder_fails_only_the_joining_requests_and_the_running_ones_
     translator.start = start
 
     async def body(sched):
-        running = sched.submit([Request([B, EOS], 60)], stream=True)[0]
+        running = sched.submit([DecodeRequest([B, EOS], 60)], stream=True)[0]
         await running.events.get()  # decoding, with a cache, when the next one joins
-        (joining,) = sched.submit([Request([A, EOS], 10)])
+        (joining,) = sched.submit([DecodeRequest([A, EOS], 10)])
         with pytest.raises(InferenceFailed):
             await joining.future
         finished = await running.future
@@ -123,7 +123,7 @@ def test_a_failing_encoder_fails_only_the_joining_requests_and_the_running_ones_
 
 def test_cancelled_requests_leave_and_free_their_rows():
     async def body(sched):
-        (ticket,) = sched.submit([Request([B, EOS], 40)], stream=True)
+        (ticket,) = sched.submit([DecodeRequest([B, EOS], 40)], stream=True)
         await ticket.events.get()
         ticket.cancel()
         await ticket.future
@@ -152,7 +152,7 @@ def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeyp
     async def body(sched):
         real = sched._steps
         sched._steps = lambda batch, streaming: hops.append(1) or real(batch, streaming)
-        (ticket,) = sched.submit([Request([B, EOS], 40)])  # B -> LONG: 40 tokens, no early end
+        (ticket,) = sched.submit([DecodeRequest([B, EOS], 40)])  # B -> LONG: 40 tokens, no early end
         return await ticket.future
 
     monkeypatch.setattr(module, "MAX_HOP_SECONDS", 60.0)  # only the step budget and events end a hop
