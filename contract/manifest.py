@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MANIFEST_NAME = "manifest.json"
@@ -69,6 +70,14 @@ class Preprocessing(Section):
     scale: float
     mean: list[float]
     std: list[float]
+
+    def apply(self, images: np.ndarray) -> np.ndarray:
+        """uint8 (N, H, W, C) at ``image_size`` -> the graph's float32 (N, C, H, W): ``float32(pixel) * scale``,
+        then ``(x - mean) / std`` in float32. The reference arithmetic: the exporter evaluates with it, and
+        the service's lookup table (``service.classifier.Preprocessing``) is tested against it bit for bit."""
+        x = images.astype(np.float32) * np.float32(self.scale)
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
     @model_validator(mode="after")
     def _consistent(self) -> Preprocessing:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from contract.manifest import Preprocessing
 from export.common import (
     ExportError,
     StagedEntry,
@@ -50,13 +51,6 @@ class ViTWithAttention(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.vit(pixel_values, return_attention=True)
-
-
-def preprocess(images: np.ndarray, prep: dict) -> np.ndarray:
-    """uint8 (N, H, W, C) -> float32 (N, C, H, W) normalised as recorded in the manifest."""
-    x = images.astype(np.float32) * np.float32(prep["scale"])
-    x = (x - np.asarray(prep["mean"], np.float32)) / np.asarray(prep["std"], np.float32)
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
 def export_graph(vit: ViT, path: Path, opset: int = 18) -> None:
@@ -182,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     vit = ViT(ViTConfig.from_dict(ckpt["config"])).eval()
     vit.load_state_dict(ckpt["state_dict"])
     data = _test_data(ckpt, args.data_dir)
-    x_test = preprocess(data.test_images, ckpt["preprocessing"])
+    x_test = Preprocessing.model_validate(ckpt["preprocessing"]).apply(data.test_images)
     version = args.version or next_version(args.repository, args.name)
 
     with StagedEntry(args.repository, args.name, version, args.force) as stage:

@@ -23,6 +23,7 @@ from contract.decoding import (
     step,
 )
 from contract.manifest import load_entry
+from tests.conftest import ROOT
 
 PAD, BOS, EOS, A, B = range(5)
 SPEC = DecoderSpec(layers=1, heads=1, head_dim=1, max_positions=50)
@@ -95,8 +96,9 @@ def test_pad_sources_refuses_empty_input():
 
 
 @pytest.fixture(scope="module")
-def tiny_graphs(tiny_translator_repository):
-    entry = tiny_translator_repository / "translator" / "1"
+def real_graphs():
+    """The shipped translator's encoder and step decoder (no training, no torch)."""
+    entry = ROOT / "models" / "translator" / "1"
     spec = DecoderSpec.from_manifest(load_entry(entry).manifest)
     sessions = [
         ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])
@@ -105,8 +107,8 @@ def tiny_graphs(tiny_translator_repository):
     return session_fn(sessions[0]), session_fn(sessions[1]), spec
 
 
-def test_on_real_graphs_batching_and_beam_one_change_nothing(tiny_graphs):
-    enc, dec, spec = tiny_graphs
+def test_on_real_graphs_batching_and_beam_one_change_nothing(real_graphs):
+    enc, dec, spec = real_graphs
     sources = [[40, 41, 42, 2], [50, 2], [60, 61, 62, 63, 64, 65, 2], [70, 71, 2]]
     batched = greedy(enc, dec, sources, spec)
     assert [h.tokens for h in batched] == [greedy(enc, dec, [s], spec)[0].tokens for s in sources]
@@ -117,8 +119,8 @@ def test_on_real_graphs_batching_and_beam_one_change_nothing(tiny_graphs):
     assert all(b.score >= g.score - 1e-4 for b, g in zip(best, batched) if g.finished)
 
 
-def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
-    enc, dec, spec = tiny_graphs
+def test_requests_joining_a_running_batch_get_what_they_get_alone(real_graphs):
+    enc, dec, spec = real_graphs
     sources = [[40, 41, 42, 2], [50, 2], [60, 61, 62, 63, 64, 65, 2], [70, 71, 2], [80, 81, 82, 83, 2]]
     first = [
         DecodeRequest(sources[0], 12),
@@ -149,8 +151,8 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(tiny_graphs):
         assert ranks == sorted(ranks, reverse=True)
 
 
-def test_a_cancelled_request_leaves_at_the_next_step(tiny_graphs):
-    enc, dec, spec = tiny_graphs
+def test_a_cancelled_request_leaves_at_the_next_step(real_graphs):
+    enc, dec, spec = real_graphs
     reqs = [DecodeRequest([40, 41, 2], 20, beam=2), DecodeRequest([50, 51, 2], 20)]
     batch = DecodeBatch.start(reqs, enc, spec)
     _, batch = step(batch, dec, spec)

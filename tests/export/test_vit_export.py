@@ -8,9 +8,17 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from contract.manifest import ManifestError, load_entry, parse_manifest, read_manifest, verify_files, write_manifest
+from contract.manifest import (
+    ManifestError,
+    Preprocessing,
+    load_entry,
+    parse_manifest,
+    read_manifest,
+    verify_files,
+    write_manifest,
+)
 from export.common import ExportError, cpu_session
-from export.vit import ATTENTION_TOL, LOGITS_TOL, check_parity, parity_report, preprocess
+from export.vit import ATTENTION_TOL, LOGITS_TOL, check_parity, parity_report
 from model.vit import ViT, ViTConfig
 from tests.conftest import run_module
 
@@ -66,7 +74,7 @@ def test_onnx_matches_pytorch_on_real_images(entry, tiny_vit_checkpoint, fashion
     ckpt = torch.load(tiny_vit_checkpoint, weights_only=False)
     vit = ViT(ViTConfig.from_dict(ckpt["config"])).eval()
     vit.load_state_dict(ckpt["state_dict"])
-    x = preprocess(fashion_mnist.test_images[:64], ckpt["preprocessing"])
+    x = Preprocessing.model_validate(ckpt["preprocessing"]).apply(fashion_mnist.test_images[:64])
     report = parity_report(
         vit, cpu_session(entry / "model_attention.onnx"), x, logits_only=cpu_session(entry / "model.onnx")
     )

@@ -64,14 +64,14 @@ def get(srv, path: str, **params) -> httpx.Response:
 
 
 def test_vit_attention_equals_pytorch_and_its_rollout_the_reference(server, fashion_test, fashion_pngs, torch_vit):
-    from export.vit import preprocess
+    from contract.manifest import Preprocessing
 
     vit, prep = torch_vit
     images = fashion_test[0][:4]
     r = classify(server, fashion_pngs[:4], return_attention=True, top_k=2)
     assert r.status_code == 200, r.text
     with torch.no_grad():
-        _, expected = vit(torch.from_numpy(preprocess(images, prep)), return_attention=True)
+        _, expected = vit(torch.from_numpy(Preprocessing.model_validate(prep).apply(images)), return_attention=True)
     for i, result in enumerate(r.json()["results"]):
         full = get(server, f"/attention/{result['attention_id']}")
         assert full.status_code == 200, full.text

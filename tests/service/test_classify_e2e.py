@@ -19,13 +19,15 @@ from tests.service.service_testing import metric_value, png_bytes, wait_until
 @pytest.fixture(scope="module")
 def offline_probabilities(tiny_vit_repository, fashion_test) -> np.ndarray:
     """What offline inference says: the export's preprocessing and a plain onnxruntime session."""
-    from export.vit import preprocess
+    from contract.manifest import Preprocessing
 
     entry = tiny_vit_repository / "vit" / "1"
     manifest = json.loads((entry / "manifest.json").read_text())
     session = ort.InferenceSession(str(entry / "model.onnx"), providers=["CPUExecutionProvider"])
     images, _ = fashion_test
-    (logits,) = session.run(["logits"], {"pixel_values": preprocess(images, manifest["preprocessing"])})
+    (logits,) = session.run(
+        ["logits"], {"pixel_values": Preprocessing.model_validate(manifest["preprocessing"]).apply(images)}
+    )
     z = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
     return np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
 

@@ -14,6 +14,7 @@ from service.runtime import (
     session_options,
 )
 from service.settings import Settings
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize(
@@ -51,10 +52,10 @@ def test_session_options_come_from_settings():
     assert spinning.get_session_config_entry("session.intra_op.allow_spinning") == "1"
 
 
-def test_the_provider_in_use_is_read_back_from_the_session(tiny_vit_repository):
+def test_the_provider_in_use_is_read_back_from_the_session():
     import onnxruntime as ort
 
-    handle = create_session(tiny_vit_repository / "vit" / "1" / "model.onnx", Settings(intra_op_threads=1))
+    handle = create_session(ROOT / "models" / "vit" / "1" / "model.onnx", Settings(intra_op_threads=1))
     assert handle.provider == handle.session.get_providers()[0]
     expected = CUDA if CUDA in ort.get_available_providers() else CPU
     assert handle.provider == expected and handle.on_gpu == (expected == CUDA)
