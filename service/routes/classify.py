@@ -123,19 +123,22 @@ async def _read_request(request: Request, settings: Settings) -> tuple[list[byte
     if media_type == JSON_TYPE:
         images, options = await _read_json(request, settings)
     elif media_type == MULTIPART_TYPE:
-        images, options = await _read_multipart(request)
+        images, options = await _read_multipart(request, settings)
     else:
         shown = media_type or "none"
         raise UnsupportedMediaType(f"content type {shown!r} is not accepted; send {JSON_TYPE} or {MULTIPART_TYPE}")
-    if len(images) > settings.max_images_per_request:
-        raise InvalidField(f"{len(images)} images in one request; at most {settings.max_images_per_request}")
     return images, options
+
+
+def _check_count(images: int, settings: Settings) -> None:
+    """Each body reader calls it once, as soon as it knows the count (JSON: before any base64 is decoded)."""
+    if images > settings.max_images_per_request:
+        raise InvalidField(f"{images} images in one request; at most {settings.max_images_per_request}")
 
 
 async def _read_json(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:
     parsed = parse_json_body(await request.body(), ClassifyJSONRequest)
-    if len(parsed.images) > settings.max_images_per_request:
-        raise InvalidField(f"{len(parsed.images)} images in one request; at most {settings.max_images_per_request}")
+    _check_count(len(parsed.images), settings)
     images = [_decode_base64(text, i, settings.max_image_bytes) for i, text in enumerate(parsed.images)]
     return images, parsed
 
@@ -157,7 +160,7 @@ def _decode_base64(text: str, index: int, max_bytes: int) -> bytes:
         raise InvalidBase64(f"images[{index}]: not valid base64 ({e})") from e
 
 
-async def _read_multipart(request: Request) -> tuple[list[bytes], ClassifyOptions]:
+async def _read_multipart(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:
     try:
         form = await request.form(max_fields=len(FORM_OPTION_FIELDS) + 8, max_part_size=1024)
     except StarletteHTTPException as e:
@@ -182,6 +185,7 @@ async def _read_multipart(request: Request) -> tuple[list[bytes], ClassifyOption
         await form.close()
     if not images:
         raise InvalidField("no `file` part in the multipart body")
+    _check_count(len(images), settings)
     return images, validated(ClassifyOptions, fields)
 
 
