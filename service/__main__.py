@@ -19,7 +19,7 @@ def main() -> int:
         return 2
     configure_logging(settings.log_level, settings.log_format)
     uvicorn.run(
-        "service.app:create_app",
+        "service.http.app:create_app",
         factory=True,
         host=settings.host,
         port=settings.port,

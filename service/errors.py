@@ -1,20 +1,17 @@
-"""Domain errors with stable codes, and the one place that turns any failure into an HTTP answer.
+"""Domain errors with stable codes, and the one function that builds an error answer.
 
 Clients branch on ``error.code`` (stable snake_case), people read ``error.message``. Every answer
-that is not a success, FastAPI's own validation errors, unknown routes and unexpected exceptions
-included, has the body ``{"error": {"code": ..., "message": ...}}`` and never a stack trace.
+that is not a success, validation errors, unknown routes and unexpected exceptions included, has
+the body ``{"error": {"code": ..., "message": ...}}`` and never a stack trace. Which exception
+becomes which answer is decided in one place, ``service/http/router.py`` (and, for exceptions
+nobody expected, ``service/http/middleware.py``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from http import HTTPStatus
-from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 log = logging.getLogger("attnserve.errors")
@@ -102,10 +99,6 @@ class InferenceFailed(ServiceError):
     status, code = 500, "inference_failed"
 
 
-# Codes for the HTTP errors Starlette raises itself (unknown route, wrong method, ...).
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
-
-
 def error_body(code: str, message: str) -> bytes:
     return json.dumps({"error": {"code": code, "message": message}}).encode()
 
@@ -119,57 +112,7 @@ def internal_error_response() -> Response:
     return error_response(500, "internal_error", "internal server error; the request id identifies it in the logs")
 
 
-def _describe_validation(errors: list[dict[str, Any]]) -> str:
-    """``body.top_k: Input should be less than or equal to 10; ...`` from pydantic's error list."""
-    parts = []
-    for e in errors[:10]:
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
-    more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
-    return "; ".join(parts) + more
-
-
 def service_error_response(exc: ServiceError) -> Response:
     if exc.status >= 500:
         log.warning("answering %s %s: %s", exc.status, exc.code, exc.message)
     return error_response(exc.status, exc.code, exc.message, exc.headers)
-
-
-def validation_error_response(exc: RequestValidationError) -> Response:
-    return error_response(422, InvalidField.code, _describe_validation(list(exc.errors())))
-
-
-async def _service_error(request: Request, exc: ServiceError) -> Response:
-    return service_error_response(exc)
-
-
-async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-    return validation_error_response(exc)
-
-
-async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    code = _HTTP_CODES.get(exc.status_code) or _status_code_name(exc.status_code)
-    message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-    if exc.status_code == 404 and message == "Not Found":
-        message = f"no route {request.method} {request.url.path}"
-    return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
-
-
-async def _unexpected_error(request: Request, exc: Exception) -> Response:
-    log.error("unhandled exception", exc_info=exc)
-    return internal_error_response()
-
-
-def _status_code_name(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
-    except ValueError:
-        return "http_error"
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Route every failure through ``error_response``; called once by the app factory."""
-    app.add_exception_handler(ServiceError, _service_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)

@@ -192,14 +192,3 @@ class ReadinessResponse(BaseModel):
 class NotReadyResponse(ErrorResponse):
     status: str
     models: dict[str, str]
-
-
-ERROR_RESPONSES = {
-    400: {"model": ErrorResponse, "description": "Undecodable image, invalid base64 or JSON."},
-    404: {"model": ErrorResponse, "description": "Unknown model."},
-    413: {"model": ErrorResponse, "description": "Body or image too large (bytes or pixels)."},
-    415: {"model": ErrorResponse, "description": "Content type is neither JSON nor multipart."},
-    422: {"model": ErrorResponse, "description": "Invalid field (top_k out of range, too many images, ...)."},
-    500: {"model": ErrorResponse, "description": "Inference failed; the request id identifies it in the logs."},
-    503: {"model": ErrorResponse, "description": "Queue full or model not ready; see `Retry-After`."},
-}

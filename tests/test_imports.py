@@ -47,5 +47,7 @@ def test_package_imports_nothing_it_must_not(package):
 
 def test_the_checker_sees_lazy_and_from_imports(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("import os.path\n\ndef f():\n    from service.app import create_app\n    import torch.nn as nn\n")
+    probe.write_text(
+        "import os.path\n\ndef f():\n    from service.http.app import create_app\n    import torch.nn as nn\n"
+    )
     assert imported_roots(probe) == {"os", "service", "torch"}

@@ -45,15 +45,16 @@ BY_CODE = {"overloaded": OverloadedError}  # where the code is more precise than
 
 def service_errors() -> list[tuple[int, str]]:
     """(status, code) of every error the service answers, read from its code."""
-    import service.app  # noqa: F401 - imports every route module, and with them every ServiceError subclass
-    from service.errors import _HTTP_CODES, ServiceError
+    import service.http.app  # noqa: F401 - imports every route module, and with them every ServiceError subclass
+    from service.errors import ServiceError
+    from service.http.router import HTTP_CODES
 
     def subclasses(cls):
         for sub in cls.__subclasses__():
             yield sub
             yield from subclasses(sub)
 
-    found = {(e.status, e.code) for e in subclasses(ServiceError)} | set(_HTTP_CODES.items())
+    found = {(e.status, e.code) for e in subclasses(ServiceError)} | set(HTTP_CODES.items())
     return sorted(found | {(503, "not_ready")})
 
 

@@ -161,9 +161,9 @@ def load_pyproject() -> dict:
 
 # --- the service -----------------------------------------------------------------------------------
 def route_paths() -> set[str]:
-    from service.routes import ROUTERS
+    from service.http.routes import ROUTES
 
-    return {r.path for router in ROUTERS for r in router.routes}
+    return {r.path for r in ROUTES}
 
 
 def settings_fields() -> set[str]:

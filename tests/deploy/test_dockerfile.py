@@ -106,14 +106,14 @@ def test_dockerignore_keeps_bulk_and_local_state_out():
         "data/translation/train.tsv",
         "checkpoints/vit-default/best.pt",
         "tests/conftest.py",
-        "service/__pycache__/app.cpython-311.pyc",
+        "service/http/__pycache__/app.cpython-311.pyc",
         "attnserve.egg-info/PKG-INFO",
     ]:
         assert ignored(path, rules), f"{path} would be sent to the Docker daemon"
     for path in [
         "models/vit/1/model.onnx",
         "models/translator/1/tokenizer.model",
-        "service/app.py",
+        "service/http/app.py",
         "deploy/gpu_check.py",
         "pyproject.toml",
     ]:

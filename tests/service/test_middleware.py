@@ -1,8 +1,8 @@
 """The two ASGI middlewares on their own: request ids, metrics, access log, last-resort 500s, body limits.
 
-A real FastAPI app, with the service's error handlers and the middlewares stacked as ``create_app``
-stacks them, is driven in process through httpx's ASGI transport; only its endpoints are the
-test's own. Raw ASGI apps stand in where a test needs a response that FastAPI would not produce.
+The service's router with the test's own routes, and the middlewares stacked as the app stacks them
+(``service/http/app.py``), is driven in process through httpx's ASGI transport. Raw ASGI apps stand
+in where a test needs a response that no handler would produce.
 """
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ import io
 import json
 import logging
 import re
+from types import SimpleNamespace
 
 import httpx
 import pytest
-from fastapi import FastAPI, Request
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.responses import JSONResponse
 
-from service.errors import BodyTooLarge, install_error_handlers
+from service.errors import BodyTooLarge, InvalidField
+from service.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from service.http.router import Route, Router
 from service.logs import JsonFormatter, RequestIdFilter, current_request_id, flush_access_logs
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 
 LIMIT = 64
 CLIENT = ("10.1.2.3", 45678)
@@ -29,36 +31,48 @@ GENERATED_ID = re.compile(r"[0-9a-f]{32}")
 SLOW_S = 0.06  # what GET /slow takes at least
 
 
-def make_app(metrics: Metrics, *, access_log: bool = True, max_body_bytes: int = LIMIT) -> FastAPI:
-    app = FastAPI()
-    app.state.calls = []
-    install_error_handlers(app)
+class Stack:
+    """The app's HTTP side without its models: ``scope["app"]`` is this object, as the router expects."""
 
-    @app.get("/items/{item_id}")
-    async def item(item_id: int) -> dict:
-        return {"item": item_id, "request_id": current_request_id()}
+    def __init__(self, routes: list[Route], metrics: Metrics, access_log: bool, max_body_bytes: int) -> None:
+        self.state = SimpleNamespace(serving=None, calls=[])
+        inner = BodyLimitMiddleware(Router(routes), max_body_bytes=max_body_bytes)
+        self.stack = RequestContextMiddleware(inner, metrics=metrics, access_log=access_log)
 
-    @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"status": "ok"}
+    async def __call__(self, scope, receive, send) -> None:
+        scope["app"] = self
+        await self.stack(scope, receive, send)
 
-    @app.get("/slow")
-    async def slow() -> dict:
+
+def make_app(metrics: Metrics, *, access_log: bool = True, max_body_bytes: int = LIMIT) -> Stack:
+    async def item(request, serving):
+        raw = request.path_params["item_id"]
+        if not raw.isdigit():
+            raise InvalidField(f"item_id: not a number: {raw!r}")
+        return JSONResponse({"item": int(raw), "request_id": current_request_id()})
+
+    async def ok(request, serving):
+        return JSONResponse({"status": "ok"})
+
+    async def slow(request, serving):
         await asyncio.sleep(SLOW_S)
-        return {}
+        return JSONResponse({})
 
-    @app.get("/boom")
-    async def boom() -> dict:
+    async def boom(request, serving):
         raise ValueError("secret internals")
 
-    @app.post("/echo")
-    async def echo(request: Request) -> dict:
+    async def echo(request, serving):
         app.state.calls.append(request.headers.get("content-length"))
-        return {"bytes": len(await request.body())}
+        return JSONResponse({"bytes": len(await request.body())})
 
-    # as create_app: added last = outermost, so ids and metrics cover bodies refused for their size
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics=metrics, access_log=access_log)
+    routes = [
+        Route("GET", "/items/{item_id}", item),
+        Route("GET", "/healthz", ok),
+        Route("GET", "/slow", slow),
+        Route("GET", "/boom", boom),
+        Route("POST", "/echo", echo),
+    ]
+    app = Stack(routes, metrics, access_log, max_body_bytes)
     return app
 
 

@@ -163,7 +163,7 @@ def test_bad_bodies(server):
 @pytest.fixture
 def slow_server(repository):
     """An in-process server whose decoder steps take >= 20 ms (the real step, behind a delay)."""
-    from service.app import create_app
+    from service.http.app import create_app
     from service.settings import Settings
     from service.translator import Translator
     from tests.service.service_testing import ThreadServer

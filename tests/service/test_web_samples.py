@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.routes.web import MAX_SAMPLE_TEXTS, sample_texts
+from service.http.routes.web import MAX_SAMPLE_TEXTS, sample_texts
 
 
 def examples(*qualities: str | None) -> list[dict]:

@@ -14,33 +14,24 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from contract.decoding import DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
-from service.deps import Serving, ServingDep
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
-from service.routes.common import JSON_TYPE, answer_or_disconnect, parse_json_body
+from service.http.common import JSON_TYPE, answer_or_disconnect, parse_json_body
+from service.http.router import Route
+from service.http.serving import Serving
 from service.scheduler import Ticket
-from service.schemas import ERROR_RESPONSES, TranslateRequest, TranslateResponse
+from service.schemas import TranslateRequest, TranslateResponse
 from service.settings import Settings
 from service.translator import TASK, Limits, Translator
 
-router = APIRouter(tags=["translation"])
-
-
-@router.post(
-    "/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES, summary="Translate English to German"
-)
-async def translate_route(request: Request, serving: ServingDep) -> Response:
-    """One result per text, in request order; `stream: true` answers server-sent events instead."""
-    return await translate(request, serving)
-
 
 async def translate(request: Request, serving: Serving) -> Response:
-    """The handler itself; the app serves it as a lane (``service/fastlane.py``), outside FastAPI's stack."""
+    """One result per text, in request order; `stream: true` answers server-sent events instead."""
     settings = serving.settings
     body = await _read_body(request, settings)
     served = serving.registry.get(body.model, TASK)
@@ -144,3 +135,28 @@ async def _events(
         yield _sse("done", await _answer(translator, [ticket], nbest, store))
     finally:  # the client went away (the generator was closed) or the stream ended: either way, stop decoding
         ticket.cancel()
+
+
+ROUTES = [
+    Route(
+        "POST",
+        "/translate",
+        translate,
+        summary="Translate English to German",
+        tags=("translation",),
+        body=TranslateRequest,
+        response={
+            JSON_TYPE: {"schema": TranslateResponse},
+            "text/event-stream": {"schema": {"type": "string", "description": "With `stream: true`."}},
+        },
+        errors={
+            400: "Invalid JSON.",
+            404: "Unknown model, or not a translation model.",
+            413: "Body or text too long.",
+            415: "Content type is not JSON.",
+            422: "Invalid field (beam_size above the limit, too many texts, ...).",
+            500: "Decoding failed; the request id identifies it in the logs.",
+            503: "Queue full or model not ready; see `Retry-After`.",
+        },
+    )
+]

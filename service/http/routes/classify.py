@@ -12,15 +12,14 @@ import base64
 import binascii
 
 import numpy as np
-from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
 from service.attention.capture import store_records, vit_record, vit_summary
 from service.attention.store import AttentionStore
 from service.classifier import Classifier
-from service.deps import Serving, ServingDep
 from service.errors import (
     ImageTooLarge,
     InvalidBase64,
@@ -29,58 +28,19 @@ from service.errors import (
     ServiceError,
     UnsupportedMediaType,
 )
+from service.http.common import JSON_TYPE, answer_or_disconnect, dump_json, parse_json_body, validated
+from service.http.router import Route
+from service.http.serving import Serving
 from service.images import ImageDecoder
-from service.routes.common import JSON_TYPE, answer_or_disconnect, dump_json, parse_json_body, validated
-from service.schemas import ERROR_RESPONSES, ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
+from service.schemas import ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
 from service.settings import Settings
-
-router = APIRouter(tags=["classification"])
 
 MULTIPART_TYPE = "multipart/form-data"
 FORM_OPTION_FIELDS = ("top_k", "model", "return_attention", "rollout_fusion")
 
 
-_REQUEST_BODY_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            JSON_TYPE: {"schema": ClassifyJSONRequest.model_json_schema()},
-            MULTIPART_TYPE: {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {
-                            "type": "array",
-                            "items": {"type": "string", "format": "binary"},
-                            "description": "One `file` part per image.",
-                        },
-                        "top_k": {"type": "integer", "default": 5, "minimum": 1},
-                        "model": {"type": "string"},
-                        "return_attention": {"type": "boolean", "default": False},
-                        "rollout_fusion": {"type": "string", "enum": ["mean", "max"], "default": "mean"},
-                    },
-                }
-            },
-        },
-    }
-}
-
-
-@router.post(
-    "/classify",
-    response_model=ClassifyResponse,
-    responses=ERROR_RESPONSES,
-    openapi_extra=_REQUEST_BODY_DOC,
-    summary="Classify one or more images",
-)
-async def classify_route(request: Request, serving: ServingDep) -> Response:
-    """Top-k labels with softmax scores for each image, in request order."""
-    return await classify(request, serving)
-
-
 async def classify(request: Request, serving: Serving) -> Response:
-    """The handler itself; the app serves it as a lane (``service/fastlane.py``), outside FastAPI's stack."""
+    """Top-k labels with softmax scores for each image, in request order."""
     registry, settings, decoder = serving.registry, serving.settings, serving.decoder
     with registry.intake.receiving():
         images, options = await _read_request(request, settings)
@@ -211,3 +171,44 @@ async def _prepare(images: list[bytes], classifier: Classifier, decoder: ImageDe
                 e.message = f"images[{i}]: {e.message}"
             raise
     return prep.stack(pixels)
+
+
+_MULTIPART_SCHEMA = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {
+        "file": {
+            "type": "array",
+            "items": {"type": "string", "format": "binary"},
+            "description": "One `file` part per image.",
+        },
+        "top_k": {"type": "integer", "default": 5, "minimum": 1},
+        "model": {"type": "string"},
+        "return_attention": {"type": "boolean", "default": False},
+        "rollout_fusion": {"type": "string", "enum": ["mean", "max"], "default": "mean"},
+    },
+}
+
+ROUTES = [
+    Route(
+        "POST",
+        "/classify",
+        classify,
+        summary="Classify one or more images",
+        tags=("classification",),
+        body={
+            JSON_TYPE: {"schema": ClassifyJSONRequest},
+            MULTIPART_TYPE: {"schema": _MULTIPART_SCHEMA},
+        },
+        response=ClassifyResponse,
+        errors={
+            400: "Undecodable image, invalid base64, JSON or multipart body.",
+            404: "Unknown model.",
+            413: "Body or image too large (bytes or pixels).",
+            415: "Content type is neither JSON nor multipart.",
+            422: "Invalid field (top_k out of range, too many images, ...).",
+            500: "Inference failed; the request id identifies it in the logs.",
+            503: "Queue full or model not ready; see `Retry-After`.",
+        },
+    )
+]

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter
-from starlette.responses import FileResponse
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.staticfiles import StaticFiles
 
 from service.classifier import TASK as IMAGE_CLASSIFICATION
-from service.deps import RegistryDep
 from service.errors import ServiceError
+from service.http.common import JSON_TYPE, dump_json
+from service.http.router import Route
+from service.http.serving import Serving
 from service.registry import Status
 from service.translator import TASK as TRANSLATION
 
-router = APIRouter(tags=["web page"])
-STATIC = Path(__file__).resolve().parents[1] / "static"
+STATIC = Path(__file__).resolve().parents[2] / "static"
+_FILES = StaticFiles(directory=STATIC)
 MAX_SAMPLE_TEXTS = 8
 
 
@@ -26,8 +29,7 @@ class SampleNotFound(ServiceError):
     status, code = 404, "not_found"
 
 
-@router.get("/", include_in_schema=False)
-async def index() -> FileResponse:
+async def index(request: Request, serving: Serving) -> Response:
     return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
 
 
@@ -44,13 +46,17 @@ def sample_texts(examples: list[dict]) -> list[dict]:
     return good[: MAX_SAMPLE_TEXTS - take_poor] + poor[:take_poor]
 
 
-@router.get("/samples", summary="Sample inputs shipped with the served models")
-async def samples(registry: RegistryDep) -> dict:
+async def static_file(request: Request, serving: Serving) -> Response:
+    """The web page's script and style."""
+    return await _FILES.get_response(request.path_params["path"], request.scope)
+
+
+async def samples(request: Request, serving: Serving) -> Response:
     """Images: `{model, label, url}` from each ready classifier's manifest; texts: test-set sources of
     each ready translator's manifest (its evaluation examples), with their domain and how well the model
     translates them (`good`, `fair`, `poor` by sentence chrF against the reference) where the manifest says."""
     images, texts = [], []
-    for m in registry.models.values():
+    for m in serving.registry.models.values():
         if m.status is not Status.READY:
             continue
         if m.task == IMAGE_CLASSIFICATION:
@@ -69,13 +75,30 @@ async def samples(registry: RegistryDep) -> dict:
                 }
                 for e in sample_texts(m.manifest.evaluation.get("examples", []))
             ]
-    return {"images": images, "texts": texts}
+    return Response(dump_json({"images": images, "texts": texts}), media_type=JSON_TYPE)
 
 
-@router.get("/samples/{model}/{file}", summary="One sample image")
-async def sample_file(model: str, file: str, registry: RegistryDep) -> FileResponse:
-    m = registry.models.get(model)
+async def sample_file(request: Request, serving: Serving) -> Response:
+    """A sample image listed in a ready model's manifest."""
+    model, file = request.path_params["model"], request.path_params["file"]
+    m = serving.registry.models.get(model)
     listed = {s["file"] for s in m.manifest.samples} if m is not None and m.manifest is not None else set()
     if m is None or file not in listed:  # only files the manifest lists (and sha256-verified): no path games
         raise SampleNotFound(f"no sample {file!r} in model {model!r}")
     return FileResponse(m.path / file, media_type="image/png", headers={"Cache-Control": "public, max-age=3600"})
+
+
+ROUTES = [
+    Route("GET", "/", index, documented=False),
+    Route("GET", "/static/{path:path}", static_file, documented=False),
+    Route("GET", "/samples", samples, summary="Sample inputs shipped with the served models", tags=("web page",)),
+    Route(
+        "GET",
+        "/samples/{model}/{file}",
+        sample_file,
+        summary="One sample image",
+        tags=("web page",),
+        response={"image/png": {"schema": {"type": "string", "format": "binary"}}},
+        errors={404: "No such sample."},
+    ),
+]

@@ -7,10 +7,11 @@ Records come from the attention store (``service/attention/store.py``): an unkno
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+from typing import Literal
 
 import numpy as np
-from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+from starlette.requests import Request
 from starlette.responses import Response
 
 from service.attention import render
@@ -19,17 +20,23 @@ from service.attention.rollout import Fusion
 from service.attention.store import AttentionStore
 from service.attention.views import as_json, as_npz, axis_tokens, map_names, select, vit_rollout
 from service.classifier import TASK as IMAGE_CLASSIFICATION
-from service.deps import ServingDep
 from service.errors import AttentionNotFound, InvalidField
-from service.routes.common import JSON_TYPE
-from service.schemas import ERROR_RESPONSES
-
-router = APIRouter(tags=["attention"])
+from service.http.common import JSON_TYPE
+from service.http.router import Route
+from service.http.serving import Serving
 
 NPZ_TYPES = ("application/x-npz", "application/octet-stream")
-LayerQ = Annotated[int | None, Query(description="Keep only this layer (0-based).")]
-HeadQ = Annotated[int | None, Query(description="Keep only this head (0-based); PNG: omitted = mean over heads.")]
-FusionQ = Annotated[Literal["mean", "max"], Query(description="ViT rollout: fuse heads by their mean or max.")]
+
+
+class MapQuery(BaseModel):
+    kind: str | None = Field(None, description="Which maps: see the route's description.")
+    layer: int | None = Field(None, description="Keep only this layer (0-based).")
+    head: int | None = Field(None, description="Keep only this head (0-based); PNG: omitted = mean over heads.")
+    fusion: Literal["mean", "max"] = Field("mean", description="ViT rollout: fuse heads by their mean or max.")
+
+
+class MapsQuery(MapQuery):
+    format: Literal["json", "npz"] | None = Field(None, description="Default: JSON, or npz when Accept asks.")
 
 
 async def _record(store: AttentionStore, attention_id: str, ttl_s: int) -> AttentionRecord:
@@ -43,63 +50,34 @@ async def _record(store: AttentionStore, attention_id: str, ttl_s: int) -> Atten
     return record
 
 
-@router.get(
-    "/attention/{attention_id}.png",
-    responses={**ERROR_RESPONSES, 200: {"content": {"image/png": {}}}},
-    response_class=Response,
-    summary="A heatmap of one attention map",
-)
-async def attention_png(
-    attention_id: str,
-    serving: ServingDep,
-    kind: str | None = None,
-    layer: LayerQ = None,
-    head: HeadQ = None,
-    fusion: FusionQ = "mean",
-) -> Response:
+async def attention_png(request: Request, serving: Serving, q: MapQuery) -> Response:
     """ViT: `kind=rollout` (default) or `attention` (the class token's row, of `layer` (default: last)
     and `head` (default: mean)), over the input image. Translator: `kind=cross` (default), `encoder`
     or `decoder`, a token-labelled grid of `layer` (default: last) and `head` (default: mean)."""
-    record = await _record(serving.attention, attention_id, serving.settings.attention_ttl_s)
+    record = await _record(serving.attention, request.path_params["attention_id"], serving.settings.attention_ttl_s)
     if record.task == IMAGE_CLASSIFICATION:
-        draw = _vit_heatmap(record, kind or "rollout", layer, head, fusion)
+        draw = _vit_heatmap(record, q.kind or "rollout", q.layer, q.head, q.fusion)
     else:
-        draw = _token_heatmap(record, kind or "cross", layer, head)
+        draw = _token_heatmap(record, q.kind or "cross", q.layer, q.head)
     png = await asyncio.to_thread(draw)
     return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=60"})
 
 
-@router.get(
-    "/attention/{attention_id}",
-    responses=ERROR_RESPONSES,
-    response_class=Response,
-    summary="The full attention maps of an earlier request",
-)
-async def attention_maps(
-    attention_id: str,
-    request: Request,
-    serving: ServingDep,
-    kind: str | None = None,
-    layer: LayerQ = None,
-    head: HeadQ = None,
-    fusion: FusionQ = "mean",
-    format: Annotated[
-        Literal["json", "npz"] | None, Query(description="Default: JSON, or npz when Accept asks.")
-    ] = None,
-) -> Response:
+async def attention_maps(request: Request, serving: Serving, q: MapsQuery) -> Response:
     """Every map as (layer, head, query, key) with its axes' labels; `layer`/`head`/`kind` select a
     slice. `format=npz` (or `Accept: application/x-npz`) answers a NumPy `.npz` archive instead."""
     ttl = serving.settings.attention_ttl_s
+    attention_id = request.path_params["attention_id"]
     record = await _record(serving.attention, attention_id, ttl)
     accept = request.headers.get("accept", "")
-    if format == "npz" or (format is None and any(t in accept for t in NPZ_TYPES)):
-        body = as_npz(record, attention_id, ttl, kind, layer, head, fusion)
+    if q.format == "npz" or (q.format is None and any(t in accept for t in NPZ_TYPES)):
+        body = as_npz(record, attention_id, ttl, q.kind, q.layer, q.head, q.fusion)
         return Response(
             body,
             media_type="application/x-npz",
             headers={"Content-Disposition": f'attachment; filename="attention-{attention_id}.npz"'},
         )
-    body = await asyncio.to_thread(as_json, record, attention_id, ttl, kind, layer, head, fusion)
+    body = await asyncio.to_thread(as_json, record, attention_id, ttl, q.kind, q.layer, q.head, q.fusion)
     return Response(body, media_type=JSON_TYPE)
 
 
@@ -138,3 +116,31 @@ def _token_heatmap(record: AttentionRecord, kind: str, layer: int | None, head: 
     row_title = "source" if name == "encoder_self_attention" else "generated"
     title = f"{name.replace('_', ' ')}, layer {kept}, head {heads}"
     return lambda: render.token_grid(matrix, rows, cols, title, row_title, col_title)
+
+
+_ERRORS = {404: "Unknown or expired attention id.", 422: "A layer, head or kind the record does not have."}
+ROUTES = [  # the .png route first: `{attention_id}` alone would match `abc.png` too
+    Route(
+        "GET",
+        "/attention/{attention_id}.png",
+        attention_png,
+        summary="A heatmap of one attention map",
+        tags=("attention",),
+        query=MapQuery,
+        response={"image/png": {"schema": {"type": "string", "format": "binary"}}},
+        errors=_ERRORS,
+    ),
+    Route(
+        "GET",
+        "/attention/{attention_id}",
+        attention_maps,
+        summary="The full attention maps of an earlier request",
+        tags=("attention",),
+        query=MapsQuery,
+        response={
+            JSON_TYPE: {"schema": {"type": "object"}},
+            "application/x-npz": {"schema": {"type": "string", "format": "binary"}},
+        },
+        errors=_ERRORS,
+    ),
+]

@@ -1,6 +1,12 @@
-"""The FastAPI application factory and its lifespan.
+"""The application: one FastAPI app, one middleware stack, one router, and its lifespan.
 
-``create_app`` builds everything cheap (settings, metrics, routes, error handlers, middleware);
+Every request goes the same way: ``RequestContextMiddleware`` (request id, metrics, access log,
+last-resort 500) -> ``BodyLimitMiddleware`` -> ``Router`` (``service/http/router.py``), which finds
+the route declared in ``service/http/routes/`` and calls its handler. FastAPI contributes the app
+object, its lifespan and state, and the Swagger UI page; the OpenAPI document is built from the
+same route declarations (``service/http/openapi.py``).
+
+``create_app`` builds everything cheap (settings, metrics, routes, middleware);
 the lifespan does the heavy part (onnxruntime sessions) in the background after the server
 started listening, so that ``/readyz`` can say "not yet, and why" instead of refusing connections.
 Nothing heavy happens at import time.
@@ -13,24 +19,22 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import onnxruntime as ort
 from fastapi import FastAPI
-from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.attention.store import create_store
-from service.deps import Serving
-from service.errors import install_error_handlers
-from service.fastlane import App
+from service.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from service.http.openapi import openapi_document
+from service.http.router import Router
+from service.http.routes import ROUTES
+from service.http.serving import Serving
 from service.images import ImageDecoder, ImageLimits
 from service.logs import configure_logging, flush_access_logs
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.registry import Registry
-from service.routes import ROUTERS
-from service.routes.classify import classify
-from service.routes.translate import translate
-from service.routes.web import STATIC
 from service.runtime import available_providers, check_gpu_available
 from service.settings import Settings
 
@@ -77,7 +81,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         threads=settings.decode_threads,
     )
     store = create_store(settings, app.state.metrics.for_attention_store())
-    app.state.serving = Serving(settings, registry, app.state.decoder, store)
+    app.state.serving = Serving(settings, app.state.metrics, registry, app.state.decoder, store)
     loading = asyncio.create_task(registry.load(), name="load-models")
     tune_gc()
     try:
@@ -94,26 +98,41 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("stopped")
 
 
+class App(FastAPI):
+    """FastAPI whose HTTP requests all go through the service's one stack; lifespan events through FastAPI."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan, **kwargs)
+        self.state.settings = settings
+        self.state.metrics = Metrics()
+        self.routes_table = ROUTES
+        stack: ASGIApp = Router(ROUTES)
+        stack = BodyLimitMiddleware(stack, max_body_bytes=settings.max_body_bytes)
+        self.stack = RequestContextMiddleware(stack, metrics=self.state.metrics, access_log=settings.access_log)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope["app"] = self
+            await self.stack(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi_document(
+                self.routes_table, title=self.title, version=self.version, summary=self.summary or ""
+            )
+        return self.openapi_schema
+
+
 def create_app(settings: Settings | None = None) -> App:
     """A new, independent app: its own settings, metrics registry, models and queues."""
     settings = settings or Settings()
     if not logging.getLogger("attnserve").handlers:
         configure_logging(settings.log_level, settings.log_format)
-    app = App(
+    return App(
+        settings,
         title="attnserve",
         version=__version__,
-        summary="Transformer models on onnxruntime, with dynamic batching.",
-        lifespan=lifespan,
+        summary="Transformer models on onnxruntime, with dynamic batching and their attention maps.",
     )
-    app.state.settings = settings
-    app.state.metrics = Metrics()
-    install_error_handlers(app)
-    for router in ROUTERS:
-        app.include_router(router)
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")  # the web page's script and style
-    # Added last = outermost: the request id and metrics cover even bodies refused for their size.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics, access_log=settings.access_log)
-    for path, handler in (("/classify", classify), ("/translate", translate)):
-        app.add_lane("POST", path, handler, max_body_bytes=settings.max_body_bytes, access_log=settings.access_log)
-    return app

@@ -1,0 +1,14 @@
+"""Every HTTP route of the service, one module per concern; the router serves exactly this list."""
+
+from service.http.routes import attention, classify, docs, health, metrics, models, translate, web
+
+ROUTES = [
+    *classify.ROUTES,
+    *translate.ROUTES,
+    *attention.ROUTES,
+    *models.ROUTES,
+    *health.ROUTES,
+    *metrics.ROUTES,
+    *web.ROUTES,
+    *docs.ROUTES,
+]
