@@ -13,7 +13,7 @@ import sys
 from contract.decoding import DecodeRequest
 from service import registry
 from service.__main__ import main as serve
-from service.scheduler import Scheduler
+from service.engine.scheduler import Scheduler
 
 
 class StaticScheduler(Scheduler):

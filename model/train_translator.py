@@ -66,7 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: <data>/spm/spm.model)")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: checkpoints/translator-<profile>)")
     p.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
-    p.add_argument("--time-limit", type=float, help="stop cleanly after this many minutes (resumable)")
+    p.add_argument(
+        "--time-limit", type=float, help="stop this run cleanly after so many minutes (resume with --resume)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     for name in ("epochs", "max_tokens", "warmup_steps", "max_train", "max_length"):
@@ -225,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
 
-    start, stop_reason = time.time() - state["seconds"], None
-    deadline = start + args.time_limit * 60 if args.time_limit else None
+    start, stop_reason = time.time() - state["seconds"], None  # state["seconds"]: training time over all runs
+    deadline = time.time() + args.time_limit * 60 if args.time_limit else None  # this run's own limit
     while state["epoch"] < hp["epochs"] and stop_reason is None:
         epoch = state["epoch"]
         batches = make_batches(train, hp["max_tokens"], torch.Generator().manual_seed(args.seed * 100_003 + epoch))

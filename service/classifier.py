@@ -8,6 +8,7 @@ normalisation); nothing is guessed. Normalisation is bit-for-bit the export's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -60,6 +61,14 @@ class Preprocessing:
         for channel in range(c):
             np.take(self.lut[channel], pixels[..., channel], out=out[:, channel])
         return out
+
+
+class Ranked(NamedTuple):
+    """A batch's (or one request's) answer rows, each array with one row per image."""
+
+    probabilities: np.ndarray  # (N, classes) float64 softmax
+    order: np.ndarray  # (N, classes) class indices, best first
+    attention: np.ndarray | None = None  # (N, layers, heads, tokens, tokens) when the batch computed it
 
 
 def attention_spec(manifest: Manifest, graph_outputs: set[str]) -> ImageAttention | None:
@@ -141,25 +150,23 @@ class Classifier:
         """
         return self.run_with_attention(x) if attention else self.run(x)
 
-    def rank(self, out: np.ndarray | tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
-        """``forward``'s output -> (probabilities, classes best first), plus the attention maps if any."""
+    def rank(self, out: np.ndarray | tuple[np.ndarray, np.ndarray]) -> Ranked:
+        """``forward``'s output -> probabilities and classes best first, plus the attention maps if any."""
         if isinstance(out, tuple):
             logits, maps = out
-            return (*ranked_softmax(logits), maps)
-        return ranked_softmax(out)
+            return Ranked(*ranked_softmax(logits), maps)
+        return Ranked(*ranked_softmax(out))
 
-    def infer(self, pixels: np.ndarray, attention: bool = False) -> tuple[np.ndarray, ...]:
-        """uint8 (N, H, W, C) -> (softmax probabilities (N, classes), class indices best first (N, classes)),
-        plus the attention (N, layers, heads, tokens, tokens) when ``attention`` is true: the batcher's
-        three steps in one call."""
+    def infer(self, pixels: np.ndarray, attention: bool = False) -> Ranked:
+        """uint8 (N, H, W, C) -> ``Ranked``: the batcher's three steps in one call."""
         return self.rank(self.forward(self.preprocessing.normalize(pixels), attention))
 
-    def top_k(self, probabilities: np.ndarray, order: np.ndarray, k: int) -> list[list[dict]]:
+    def top_k(self, ranked: Ranked, k: int) -> list[list[dict]]:
         """The answer for each row: its k best labels with their probabilities."""
         labels = self.labels
         return [
             [{"label": labels[i], "index": i, "score": p[i]} for i in idx]
-            for p, idx in zip(probabilities.tolist(), order[:, :k].tolist())
+            for p, idx in zip(ranked.probabilities.tolist(), ranked.order[:, :k].tolist())
         ]
 
 

@@ -212,7 +212,7 @@ class ModelMetrics:
 
 
 class DecodeMetrics:
-    """The translation scheduler's view of the metrics (see ``service.scheduler.DecodeObserver``)."""
+    """The translation scheduler's view of the metrics (see ``service.engine.scheduler.DecodeObserver``)."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self._tokens = metrics.generated_tokens.labels(model)

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.manifest import Entry, Manifest, ManifestError, latest_versions, load_entry, read_manifest
-from service.batching import Batcher, Intake
 from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.classifier import Classifier
+from service.engine.batching import Batcher, Intake
+from service.engine.scheduler import Scheduler
 from service.errors import ModelNotFound, ModelNotReady
 from service.metrics import Metrics
 from service.runtime import RuntimeUnavailable, create_session
-from service.scheduler import Scheduler
 from service.settings import Settings
 from service.translator import TASK as TRANSLATION
 from service.translator import Translator

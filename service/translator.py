@@ -125,20 +125,14 @@ class Translator:
             for ids in sources
         ]
 
-    def start(self, requests: list[DecodeRequest]) -> DecodeBatch:
-        return DecodeBatch.start(requests, self.encoder, self.spec)
-
-    def step(self, batch: DecodeBatch) -> tuple[list[DecodeRequest], DecodeBatch]:
-        return step(batch, self.decoder, self.spec)
-
     def warm_up(self, max_rows: int, should_stop=lambda: False) -> None:
         """Run the graphs at growing batch sizes and cache lengths so that first requests pay no set-up."""
         size = 1
         while size <= max_rows and not should_stop():
             reqs = [DecodeRequest([5 + i % 50, self.spec.eos_id], 3) for i in range(size)]
-            batch = self.start(reqs)
+            batch = DecodeBatch.start(reqs, self.encoder, self.spec)
             while len(batch):
-                _, batch = self.step(batch)
+                _, batch = step(batch, self.decoder, self.spec)
             size *= 2
         if self.has_attention and not should_stop():
             self.attention([[5, self.spec.eos_id]], [Hypothesis([7], 0.0, True)])

@@ -18,11 +18,11 @@ UNIT_TESTS = [
     "tests/service/test_classifier.py",
     "tests/service/test_runtime.py",
     "tests/service/test_registry.py",
-    "tests/service/test_scheduler.py",
-    "tests/service/test_batching.py",
-    "tests/service/test_attention.py",
+    "tests/service/engine/test_scheduler.py",
+    "tests/service/engine/test_batching.py",
+    "tests/service/attention/test_attention.py",
     "tests/service/test_metrics.py",
-    "tests/service/test_middleware.py",
+    "tests/service/http/test_middleware.py",
 ]
 
 

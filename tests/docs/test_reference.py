@@ -96,6 +96,7 @@ def service_errors() -> tuple[set[tuple[int, str]], set[str]]:
     """(status, code) pairs the service answers with, and codes found without a status."""
     import service
     from service import errors
+    from service.http.router import HTTP_CODES
 
     for module in pkgutil.walk_packages(service.__path__, "service."):
         if module.name != "service.__main__":
@@ -105,7 +106,7 @@ def service_errors() -> tuple[set[tuple[int, str]], set[str]]:
         cls = stack.pop()
         pairs.add((cls.status, cls.code))
         stack += cls.__subclasses__()
-    pairs |= set(errors._HTTP_CODES.items())
+    pairs |= set(HTTP_CODES.items())
     codes = set()
     for path in (ROOT / "service").rglob("*.py"):
         text = path.read_text(encoding="utf-8")

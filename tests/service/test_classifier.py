@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from contract.manifest import ManifestError, load_entry, parse_manifest, read_manifest
-from service.classifier import Classifier, Preprocessing, ranked_softmax
+from service.classifier import Classifier, Preprocessing, Ranked, ranked_softmax
 from service.runtime import create_session
 from service.settings import Settings
 from tests.conftest import ROOT
@@ -48,12 +48,12 @@ def test_logits_match_a_plain_onnxruntime_session(classifier, entry, fashion_tes
 
 def test_top_k_is_a_calibrated_softmax_best_first(classifier):
     logits = np.array([[0.0, 2.0, 1.0] + [-5.0] * 7, [3.0] * 10], np.float32)
-    top = classifier.top_k(*ranked_softmax(logits), 3)
+    top = classifier.top_k(Ranked(*ranked_softmax(logits)), 3)
     e = np.exp(logits[0].astype(np.float64) - 2.0)
     assert [t["index"] for t in top[0]] == [1, 2, 0]
     assert [t["label"] for t in top[0]] == [classifier.labels[i] for i in (1, 2, 0)]
     assert top[0][0]["score"] == pytest.approx(e[1] / e.sum(), rel=1e-12)
-    full = classifier.top_k(*ranked_softmax(logits), 10)
+    full = classifier.top_k(Ranked(*ranked_softmax(logits)), 10)
     assert sum(t["score"] for t in full[0]) == pytest.approx(1.0, abs=1e-12)
     assert [t["index"] for t in top[1]] == [0, 1, 2]  # ties: lowest index first, deterministically
     assert all(type(t["index"]) is int and type(t["score"]) is float for t in full[0])  # JSON-ready
@@ -61,9 +61,9 @@ def test_top_k_is_a_calibrated_softmax_best_first(classifier):
 
 def test_a_batch_gets_the_same_answers_as_its_images_alone(classifier, fashion_test):
     images, _ = fashion_test
-    probabilities, order = classifier.infer(images[:16])
+    probabilities, order, _ = classifier.infer(images[:16])
     for i in (0, 7, 15):
-        alone_p, alone_order = classifier.infer(images[i : i + 1])
+        alone_p, alone_order, _ = classifier.infer(images[i : i + 1])
         np.testing.assert_allclose(probabilities[i], alone_p[0], atol=1e-6)
         assert order[i][0] == alone_order[0][0]
 

@@ -194,7 +194,7 @@ def test_the_served_classifier_answers_the_shipped_samples_through_its_batcher()
         async with loaded(SHIPPED) as registry:
             vit = registry.get("vit")
             rows = vit.classifier.preprocessing.stack(list(pixels))
-            probabilities, order = await asyncio.wait_for(vit.batcher.submit(rows), 30)
+            probabilities, order, _ = await asyncio.wait_for(vit.batcher.submit(rows), 30)
             return probabilities, order, metric_samples(registry.metrics)
 
     probabilities, order, samples = run(body())

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from service.classifier import Classifier
+from service.logs import RequestIdFilter
 from tests.service.service_testing import metric_value, wait_until
 
 
@@ -59,9 +60,13 @@ def gated_run(monkeypatch):
 
 
 class ListHandler(logging.Handler):
+    """Keeps the records, each with the request id bound when it was logged, as the service's handlers do
+    (whether or not the service installed its own: with this one attached first, it does not)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
+        self.addFilter(RequestIdFilter())
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)

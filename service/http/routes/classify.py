@@ -51,26 +51,24 @@ async def classify(request: Request, serving: Serving) -> Response:
         _check_options(options, classifier, settings)
         rows = await _prepare(images, classifier, decoder)
         future = batcher.submit(rows, attention=options.return_attention)
-    out = await answer_or_disconnect(future, request.receive, future.cancel)
-    results = [{"top_k": top} for top in classifier.top_k(out[0], out[1], options.top_k)]
-    if (
-        options.return_attention
-    ):  # out[2]: the attention of this request's images (other requests may have asked for it too)
-        await _attach_attention(results, out[2], rows, classifier, options, serving.attention)
+    ranked = await answer_or_disconnect(future, request.receive, future.cancel)
+    results = [{"top_k": top} for top in classifier.top_k(ranked, options.top_k)]
+    if options.return_attention:  # the batch computed attention, since this request asked for it
+        await _attach_attention(results, ranked.attention, rows, classifier, options, serving.attention)
     body = {"model": classifier.name, "version": classifier.version, "results": results}
     return Response(dump_json(body), media_type=JSON_TYPE)
 
 
 async def _attach_attention(
     results: list[dict],
-    maps: np.ndarray,
+    maps: np.ndarray | None,
     rows: np.ndarray,
     classifier: Classifier,
     options: ClassifyOptions,
     store: AttentionStore,
 ) -> None:
     spec = classifier.attention
-    assert spec is not None  # _check_options refused the request otherwise
+    assert spec is not None and maps is not None  # _check_options refused the request otherwise
     records = []
     for result, attention, pixels in zip(results, maps, rows):
         result["attention"] = vit_summary(spec, attention, options.rollout_fusion)

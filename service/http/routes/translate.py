@@ -20,11 +20,11 @@ from starlette.responses import Response, StreamingResponse
 from contract.decoding import DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
+from service.engine.scheduler import Ticket
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.http.common import JSON_TYPE, answer_or_disconnect, parse_json_body
 from service.http.router import Route
 from service.http.serving import Serving
-from service.scheduler import Ticket
 from service.schemas import TranslateRequest, TranslateResponse
 from service.settings import Settings
 from service.translator import TASK, Limits, Translator

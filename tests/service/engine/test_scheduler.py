@@ -6,24 +6,31 @@ import asyncio
 
 import pytest
 
-from contract.decoding import DecodeBatch, DecodeRequest, step
+from contract.decoding import DecodeRequest
+from service.engine.scheduler import Scheduler
 from service.errors import InferenceFailed, InvalidField, Overloaded
-from service.scheduler import Scheduler
 from tests.contract.test_decoding import EOS, LONG, SPEC, TRAP, A, B, bigram_graphs
 
 
 class BigramTranslator:
+    """What the scheduler uses of a ``Translator`` (encoder, decoder, spec), over bigram tables."""
+
+    spec = SPEC
+
     def __init__(self, fail_after: int | None = None) -> None:
-        self.encoder, self.decoder, self.rows_seen = bigram_graphs({A: TRAP, B: LONG})
+        self._encoder, self._decoder, self.rows_seen = bigram_graphs({A: TRAP, B: LONG})
         self.fail_after = fail_after
+        self.refused_source: int | None = None  # the encoder fails on batches holding a source starting so
 
-    def start(self, requests):
-        return DecodeBatch.start(requests, self.encoder, SPEC)
+    def encoder(self, feeds):
+        if self.refused_source is not None and (feeds["src_ids"][:, 0] == self.refused_source).any():
+            raise RuntimeError("encoder exploded")
+        return self._encoder(feeds)
 
-    def step(self, batch):
+    def decoder(self, feeds):
         if self.fail_after is not None and len(self.rows_seen) >= self.fail_after:
             raise RuntimeError("onnxruntime exploded")
-        return step(batch, self.decoder, SPEC)
+        return self._decoder(feeds)
 
 
 def run(coro):
@@ -98,14 +105,7 @@ def test_a_failing_step_fails_the_running_requests_and_the_scheduler_goes_on():
 
 def test_a_failing_encoder_fails_only_the_joining_requests_and_the_running_ones_go_on():
     translator = BigramTranslator()
-    real_start = translator.start
-
-    def start(requests):
-        if any(r.source[0] == A for r in requests):
-            raise RuntimeError("encoder exploded")
-        return real_start(requests)
-
-    translator.start = start
+    translator.refused_source = A
 
     async def body(sched):
         running = sched.submit([DecodeRequest([B, EOS], 60)], stream=True)[0]
@@ -145,7 +145,7 @@ class StepCounter:
 
 
 def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeypatch):
-    from service import scheduler as module
+    from service.engine import scheduler as module
 
     counter, hops = StepCounter(), []
 

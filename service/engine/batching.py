@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from service.errors import InferenceFailed, Overloaded, ShuttingDown
+from service.engine.admission import Admission
 from service.logs import current_request_id
 from service.observers import UNOBSERVED
 
@@ -200,8 +200,8 @@ class Batcher:
 
     ``prepare`` runs on the event loop, on each request's rows as it is queued; ``run_batch(x,
     attention)`` runs on an instance thread on the concatenated rows of a batch; ``finish`` runs on
-    the event loop, once per batch, on its result: an array, or a tuple of arrays, with one row per
-    input row; each request gets its own rows of each. Keep the thread to work that releases the GIL:
+    the event loop, once per batch, on its result: an array, or a tuple (named or not) of arrays (or
+    None), with one row per input row; each request gets its own rows of each, in the same shape. Keep the thread to work that releases the GIL:
     a thread that needs the GIL while the loop is busy waits for the interpreter's switch interval.
     ``attention`` is true when some request of the batch asked for attention: only such batches pay for it.
     """
@@ -228,18 +228,17 @@ class Batcher:
         self._prepare = prepare
         self._finish = finish
         self._state = BatchState(max_batch_size, max_queue_images)
-        self._lock = threading.Lock()  # guards _state, _computing, _idle, _gathering and _closed
+        self._lock = threading.Lock()  # guards _state, _computing, _idle, _gathering and the admission's closing
         self._computing = 0  # batches in onnxruntime now, at most ``instances``
         self._idle: list[threading.Event] = []  # threads waiting for work, the most recently idle last
         self._gathering: list[threading.Event] = []  # threads holding off for batch-mates
         self._max_delay = max_queue_delay_s
-        self._retry_after = str(retry_after_s)
         self._intake = intake or Intake()
         self._observer = observer or UNOBSERVED
+        self._admission = Admission(name, retry_after_s, self._observer)
         self._instances = instances
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     @property
     def max_batch_size(self) -> int:
@@ -261,12 +260,12 @@ class Batcher:
         """Fail what is still queued, let the batches computing finish, stop the threads."""
         self._intake.unsubscribe(self._notify)
         with self._lock:
-            self._closed = True
+            self._admission.closed = True
             queued = self._state.drain()
             self._wake(self._idle + self._gathering)
         for item in queued:
             if not item.future.done():
-                item.future.set_exception(ShuttingDown(f"model {self.name} is shutting down"))
+                item.future.set_exception(self._admission.shutting_down())
         for thread in self._threads:
             await asyncio.to_thread(thread.join)
         await asyncio.sleep(0)  # the last batches' answers were handed to the loop: deliver them
@@ -276,20 +275,14 @@ class Batcher:
 
         Cancelling the future (client gone) removes the request before it is computed.
         """
-        if self._closed:
-            raise ShuttingDown(f"model {self.name} is shutting down")
+        self._admission.check_open()
         future = asyncio.get_running_loop().create_future()
         item = Pending(self._prepare(rows), future, attention)
         with self._lock:
             try:
                 gone = self._state.admit(item)
             except QueueFull as e:
-                queued = self._state.queued
-                self._observer.rejected()
-                raise Overloaded(
-                    f"model {self.name} has {queued} images queued (bound {self._state.max_queued}); retry later",
-                    headers={"Retry-After": self._retry_after},
-                ) from e
+                raise self._admission.overloaded(self._state.queued, self._state.max_queued, "images") from e
             queued = self._state.queued
             # a thread holding off for mates looks again (the batch may be full); else the thread
             # idle most recently takes it: its caches are warm (waking the longest idle, as a
@@ -333,7 +326,7 @@ class Batcher:
         gathering_since: float | None = None
         while True:
             with self._lock:
-                if self._closed:
+                if self._admission.closed:
                     return None, []
                 timeout = None
                 if len(self._state):
@@ -415,8 +408,10 @@ class Batcher:
                 raise out
             out = self._finish(out)
             outputs = out if isinstance(out, tuple) else (out,)
-            if any(len(o) != images for o in outputs):
-                raise RuntimeError(f"the model returned {[len(o) for o in outputs]} rows for {images} inputs")
+            if any(o is not None and len(o) != images for o in outputs):
+                raise RuntimeError(
+                    f"the model returned {[len(o) for o in outputs if o is not None]} rows for {images} inputs"
+                )
         except Exception as e:
             observer.batch_finished(images, ended - started, ok=False)
             log.error(
@@ -428,14 +423,19 @@ class Batcher:
             )
             for p in batch:
                 if not p.future.done():
-                    p.future.set_exception(
-                        InferenceFailed(f"inference failed in model {self.name}; see the server log")
-                    )
+                    p.future.set_exception(self._admission.failed())
             return
         observer.batch_finished(images, ended - started, ok=True)
         offset = 0
         for p in batch:
             if not p.future.done():
-                rows = tuple(o[offset : offset + p.size] for o in outputs)
-                p.future.set_result(rows if isinstance(out, tuple) else rows[0])
+                p.future.set_result(_rows(out, offset, offset + p.size))
             offset += p.size
+
+
+def _rows(out: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of ``finish``'s answer: of an array, or of each array of a (named) tuple."""
+    if not isinstance(out, tuple):
+        return out[start:stop]
+    rows = [None if o is None else o[start:stop] for o in out]
+    return out._make(rows) if hasattr(out, "_make") else tuple(rows)

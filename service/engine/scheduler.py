@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from contract.decoding import DecodeBatch, DecodeRequest, concatenate
-from service.errors import InferenceFailed, InvalidField, Overloaded, ShuttingDown
+from contract.decoding import DecodeBatch, DecodeRequest, concatenate, step
+from service.engine.admission import Admission
+from service.errors import InvalidField
 from service.observers import UNOBSERVED
 from service.translator import Translator
 
@@ -76,8 +77,8 @@ class Scheduler:
         self.translator = translator
         self.max_running_rows = max_running_rows
         self.max_waiting_rows = max_waiting_rows
-        self._retry_after = str(retry_after_s)
         self._observer = observer or UNOBSERVED
+        self._admission = Admission(name, retry_after_s, self._observer)
         self._waiting: deque[Ticket] = deque()
         self._running: dict[int, Ticket] = {}
         self.waiting_rows = 0
@@ -85,23 +86,16 @@ class Scheduler:
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{name}")
         self._task: asyncio.Task | None = None
-        self._closed = False
 
     # ---- handle side -----------------------------------------------------------------------------
     def submit(self, requests: list[DecodeRequest], stream: bool = False) -> list[Ticket]:
         """Queue all of a HTTP request's sentences, or none of them (503 when the queue is full)."""
-        if self._closed:
-            raise ShuttingDown(f"model {self.name} is shutting down")
+        self._admission.check_open()
         rows = sum(r.beam for r in requests)
         if any(r.beam > self.max_running_rows for r in requests):
             raise InvalidField(f"beam_size exceeds the {self.max_running_rows} rows this model decodes at once")
         if self.waiting_rows + rows > self.max_waiting_rows:
-            self._observer.rejected()
-            raise Overloaded(
-                f"model {self.name} has {self.waiting_rows} sequences waiting (bound "
-                f"{self.max_waiting_rows}); retry later",
-                headers={"Retry-After": self._retry_after},
-            )
+            raise self._admission.overloaded(self.waiting_rows, self.max_waiting_rows, "sequences")
         loop = asyncio.get_running_loop()
         tickets = [Ticket(r, loop.create_future(), asyncio.Queue() if stream else None) for r in requests]
         self._waiting.extend(tickets)
@@ -125,14 +119,12 @@ class Scheduler:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"scheduler-{self.name}")
 
     async def stop(self) -> None:
-        self._closed = True
+        self._admission.closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._fail(
-            list(self._waiting) + list(self._running.values()), ShuttingDown(f"model {self.name} is shutting down")
-        )
+        self._fail(list(self._waiting) + list(self._running.values()), self._admission.shutting_down())
         self._waiting.clear()
         await asyncio.to_thread(self._executor.shutdown, wait=True)
 
@@ -192,7 +184,7 @@ class Scheduler:
         error = None
         if joining:
             try:
-                new = self.translator.start(joining)
+                new = DecodeBatch.start(joining, self.translator.encoder, self.translator.spec)
             except Exception as e:  # noqa: BLE001 - reported by the loop, which fails the joining requests
                 error = e
             else:
@@ -213,7 +205,7 @@ class Scheduler:
         deadline = time.perf_counter() + MAX_HOP_SECONDS
         while True:
             started, rows, sentences = time.perf_counter(), len(batch), len(batch.requests)
-            finished, batch = self.translator.step(batch)
+            finished, batch = step(batch, self.translator.decoder, self.translator.spec)
             now = time.perf_counter()
             steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished), now))
             joinable = self._joinable()
@@ -244,7 +236,7 @@ class Scheduler:
             log.exception("decoder step failed in model %s; failing its %d running requests", self.name, len(tickets))
             self._running.clear()
             self.running_rows = 0
-            self._fail(tickets, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
+            self._fail(tickets, self._admission.failed())
             return None
         if error is not None:
             log.error(
@@ -256,7 +248,7 @@ class Scheduler:
             for t in joining:
                 self._running.pop(t.request.id, None)
             self.running_rows -= sum(t.request.beam for t in joining)
-            self._fail(joining, InferenceFailed(f"inference failed in model {self.name}; see the server log"))
+            self._fail(joining, self._admission.failed())
         elif steps:  # the joining requests' first token came from the hop's first step
             for t in joining:
                 t.first_token_at = steps[0][3]

@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 
 from service.attention import render
+from tests.service.attention.test_attention import reference_rollout
 from tests.service.service_testing import serving
-from tests.service.test_attention import reference_rollout
 
 TOL = 1e-5
 

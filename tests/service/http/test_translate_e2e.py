@@ -161,28 +161,25 @@ def test_bad_bodies(server):
 
 
 @pytest.fixture
-def slow_server(repository):
+def slow_server(repository, monkeypatch):
     """An in-process server whose decoder steps take >= 20 ms (the real step, behind a delay)."""
+    from service.engine import scheduler
     from service.http.app import create_app
     from service.settings import Settings
-    from service.translator import Translator
     from tests.service.service_testing import ThreadServer
 
-    real = Translator.step
+    real = scheduler.step
 
-    def slow_step(self, batch):
+    def slow_step(batch, decoder, spec):
         time.sleep(0.02)
-        return real(self, batch)
+        return real(batch, decoder, spec)
 
     def make(**overrides):
         base = {k.removeprefix("ATTNSERVE_").lower(): v for k, v in BASE_ENV.items()}
         return ThreadServer(create_app(Settings(**{"model_repository": repository, **base, **overrides})))
 
-    Translator.step = slow_step
-    try:
-        yield make
-    finally:
-        Translator.step = real
+    monkeypatch.setattr(scheduler, "step", slow_step)
+    return make
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_rows(slow_server):

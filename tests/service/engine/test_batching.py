@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from service.batching import Batcher, BatchState, Intake, QueueFull
+from service.engine.batching import Batcher, BatchState, Intake, QueueFull
 from service.errors import InferenceFailed, Overloaded, ShuttingDown
 
 

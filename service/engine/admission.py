@@ -1,0 +1,43 @@
+"""What both engines answer when they cannot take or finish a request: one wording, one metric.
+
+Each engine (``batching.Batcher`` for classification, ``scheduler.Scheduler`` for translation) owns
+one ``Admission``: it refuses new work once the engine is closing (503 ``shutting_down``), turns a
+full queue into 503 ``overloaded`` with ``Retry-After`` (and counts the rejection), and names the
+error every request of a failed onnxruntime run receives (500 ``inference_failed``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from service.errors import InferenceFailed, Overloaded, ShuttingDown
+
+
+class RejectionObserver(Protocol):
+    def rejected(self) -> None: ...
+
+
+class Admission:
+    def __init__(self, name: str, retry_after_s: int, observer: RejectionObserver) -> None:
+        self.name = name
+        self.closed = False
+        self._retry_after = str(retry_after_s)
+        self._observer = observer
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise self.shutting_down()
+
+    def overloaded(self, queued: int, bound: int, unit: str) -> Overloaded:
+        """The error for a request that does not fit the queue, counted as a rejection."""
+        self._observer.rejected()
+        return Overloaded(
+            f"model {self.name} has {queued} {unit} queued (bound {bound}); retry later",
+            headers={"Retry-After": self._retry_after},
+        )
+
+    def shutting_down(self) -> ShuttingDown:
+        return ShuttingDown(f"model {self.name} is shutting down")
+
+    def failed(self) -> InferenceFailed:
+        return InferenceFailed(f"inference failed in model {self.name}; see the server log")
