@@ -1,1 +1,3 @@
-"""attnserve's HTTP service: FastAPI + onnxruntime. Never imports torch, model/ or export/."""
+"""attnserve: transformer models on onnxruntime, with their attention maps."""
+
+__version__ = "0.1.0"

@@ -62,6 +62,11 @@ class Preprocessing:
             np.take(self.lut[channel], pixels[..., channel], out=out[:, channel])
         return out
 
+    def denormalize(self, x: np.ndarray) -> np.ndarray:
+        """float32 (N, C, H, W) -> the nearest uint8 (N, H, W, C): the image a normalised input shows."""
+        values = (x * self.std[:, None, None] + self.mean[:, None, None]) / self.scale
+        return np.clip(np.rint(values), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
+
 
 class Ranked(NamedTuple):
     """A batch's (or one request's) answer rows, each array with one row per image."""

@@ -112,7 +112,7 @@ def internal_error_response() -> Response:
     return error_response(500, "internal_error", "internal server error; the request id identifies it in the logs")
 
 
-def service_error_response(exc: ServiceError) -> Response:
+def log_server_error(exc: ServiceError) -> None:
+    """5xx answers are logged (the client sees only the message; the request id ties the two)."""
     if exc.status >= 500:
         log.warning("answering %s %s: %s", exc.status, exc.code, exc.message)
-    return error_response(exc.status, exc.code, exc.message, exc.headers)

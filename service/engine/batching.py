@@ -270,14 +270,14 @@ class Batcher:
             await asyncio.to_thread(thread.join)
         await asyncio.sleep(0)  # the last batches' answers were handed to the loop: deliver them
 
-    def submit(self, rows: np.ndarray, attention: bool = False) -> asyncio.Future:
-        """Queue one request's rows; the future resolves to its output rows or a ``ServiceError``.
-
-        Cancelling the future (client gone) removes the request before it is computed.
+    def submit(self, rows: np.ndarray, attention: bool = False, prepared: bool = False) -> asyncio.Future:
+        """Queue one request's rows (``prepared``: already what ``prepare`` makes of rows); the future
+        resolves to its output rows or a ``ServiceError``. Cancelling the future (client gone) removes
+        the request before it is computed.
         """
         self._admission.check_open()
         future = asyncio.get_running_loop().create_future()
-        item = Pending(self._prepare(rows), future, attention)
+        item = Pending(rows if prepared else self._prepare(rows), future, attention)
         with self._lock:
             try:
                 gone = self._state.admit(item)

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service import __version__
 from service.attention.store import create_store
 from service.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.http.openapi import openapi_document
@@ -39,8 +40,6 @@ from service.runtime import available_providers, check_gpu_available
 from service.settings import Settings
 
 log = logging.getLogger("attnserve.app")
-
-__version__ = "0.1.0"
 
 
 GC_YOUNG_THRESHOLD = 10_000

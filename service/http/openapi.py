@@ -7,6 +7,7 @@ served without being documented, nor documented differently from how it is serve
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,8 +24,12 @@ def openapi_document(routes: list[Route], *, title: str, version: str, summary: 
     documented = [r for r in routes if r.documented]
     refs, components = _schemas(documented)
     paths: dict[str, dict] = {}
+    names = [r.handler.__name__ for r in documented]
     for route in documented:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, refs)
+        op = _operation(route, refs)
+        if names.count(route.handler.__name__) > 1:  # one handler on several paths: ids must stay unique
+            op["operationId"] = "_".join([route.handler.__name__, *re.findall(r"\w+", route.path)])
+        paths.setdefault(route.path, {})[route.method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version, "summary": summary},

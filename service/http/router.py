@@ -28,10 +28,11 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
-from service.errors import ServiceError, error_response, service_error_response
+from service.errors import ServiceError, error_response, log_server_error
 from service.http.common import validated
 
 Handler = Callable[..., Awaitable[Response]]
+ErrorFormat = Callable[[int, str, str, "dict[str, str] | None"], Response]
 
 # Codes for the HTTP errors raised below the handlers (multipart parser, static files) and by the router.
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
@@ -57,6 +58,7 @@ class Route:
     errors: dict[int, str] = field(default_factory=dict)
     extra_responses: dict[int, dict] = field(default_factory=dict)
     documented: bool = True
+    error_format: ErrorFormat = error_response  # (status, code, message, headers) -> the error answer
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -134,8 +136,10 @@ class Router:
             else:
                 response = await route.handler(request, serving, validated(route.query, dict(request.query_params)))
         except ServiceError as e:
-            response = service_error_response(e)
+            log_server_error(e)
+            response = route.error_format(e.status, e.code, e.message, e.headers)
         except HTTPException as e:
-            message = e.detail if isinstance(e.detail, str) else None
-            response = http_error_response(e.status_code, message, e.headers)
+            code = HTTP_CODES.get(e.status_code) or _status_code_name(e.status_code)
+            message = e.detail if isinstance(e.detail, str) else HTTPStatus(e.status_code).phrase
+            response = route.error_format(e.status_code, code, message, e.headers)
         await response(scope, receive, send)

@@ -1,6 +1,6 @@
 """Every HTTP route of the service, one module per concern; the router serves exactly this list."""
 
-from service.http.routes import attention, classify, docs, health, metrics, models, translate, web
+from service.http.routes import attention, classify, docs, health, metrics, models, oip, translate, web
 
 ROUTES = [
     *classify.ROUTES,
@@ -9,6 +9,7 @@ ROUTES = [
     *models.ROUTES,
     *health.ROUTES,
     *metrics.ROUTES,
+    *oip.ROUTES,
     *web.ROUTES,
     *docs.ROUTES,
 ]

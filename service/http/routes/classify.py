@@ -49,17 +49,17 @@ async def classify(request: Request, serving: Serving) -> Response:
         if classifier is None or batcher is None:  # READY models always have both
             raise RuntimeError(f"model {served.key} is ready without a session")
         _check_options(options, classifier, settings)
-        rows = await _prepare(images, classifier, decoder)
+        rows = await decode_images(images, classifier, decoder)
         future = batcher.submit(rows, attention=options.return_attention)
     ranked = await answer_or_disconnect(future, request.receive, future.cancel)
     results = [{"top_k": top} for top in classifier.top_k(ranked, options.top_k)]
     if options.return_attention:  # the batch computed attention, since this request asked for it
-        await _attach_attention(results, ranked.attention, rows, classifier, options, serving.attention)
+        await attach_attention(results, ranked.attention, rows, classifier, options, serving.attention)
     body = {"model": classifier.name, "version": classifier.version, "results": results}
     return Response(dump_json(body), media_type=JSON_TYPE)
 
 
-async def _attach_attention(
+async def attach_attention(
     results: list[dict],
     maps: np.ndarray | None,
     rows: np.ndarray,
@@ -158,7 +158,7 @@ def _check_options(options: ClassifyOptions, classifier: Classifier, settings: S
         )
 
 
-async def _prepare(images: list[bytes], classifier: Classifier, decoder: ImageDecoder) -> np.ndarray:
+async def decode_images(images: list[bytes], classifier: Classifier, decoder: ImageDecoder) -> np.ndarray:
     prep = classifier.preprocessing
     pixels = []
     for i, data in enumerate(images):

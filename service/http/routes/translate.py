@@ -20,11 +20,12 @@ from starlette.responses import Response, StreamingResponse
 from contract.decoding import DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.attention.store import AttentionStore
-from service.engine.scheduler import Ticket
+from service.engine.scheduler import Scheduler, Ticket
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.http.common import JSON_TYPE, answer_or_disconnect, parse_json_body
 from service.http.router import Route
 from service.http.serving import Serving
+from service.registry import ServedModel
 from service.schemas import TranslateRequest, TranslateResponse
 from service.settings import Settings
 from service.translator import TASK, Limits, Translator
@@ -32,9 +33,25 @@ from service.translator import TASK, Limits, Translator
 
 async def translate(request: Request, serving: Serving) -> Response:
     """One result per text, in request order; `stream: true` answers server-sent events instead."""
-    settings = serving.settings
-    body = await _read_body(request, settings)
+    body = await _read_body(request, serving.settings)
     served = serving.registry.get(body.model, TASK)
+    if body.stream:
+        translator, scheduler, requests = decode_requests(served, serving.settings, body)
+        (ticket,) = scheduler.submit(requests, stream=True)
+        store = serving.attention if body.return_attention else None
+        return StreamingResponse(
+            _events(ticket, translator, body.num_return_sequences > 1, store),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    result = await translate_texts(request, serving, served, body)
+    return Response(json.dumps(result, ensure_ascii=False).encode(), media_type=JSON_TYPE)
+
+
+def decode_requests(
+    served: ServedModel, settings: Settings, body: TranslateRequest
+) -> tuple[Translator, Scheduler, list[DecodeRequest]]:
+    """The model's translator and scheduler, and one decoding request per text, every option checked."""
     translator, scheduler = served.translator, served.scheduler
     if translator is None or scheduler is None:  # READY translation models always have both
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
@@ -50,15 +67,12 @@ async def translate(request: Request, serving: Serving) -> Response:
             settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
         ),
     )
-    nbest = body.num_return_sequences > 1
-    store = serving.attention if body.return_attention else None
-    if body.stream:
-        (ticket,) = scheduler.submit(requests, stream=True)
-        return StreamingResponse(
-            _events(ticket, translator, nbest, store),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+    return translator, scheduler, requests
+
+
+async def translate_texts(request: Request, serving: Serving, served: ServedModel, body: TranslateRequest) -> dict:
+    """Decode every text of ``body`` on ``served``'s scheduler: the answer of a non-streamed request."""
+    translator, scheduler, requests = decode_requests(served, serving.settings, body)
     tickets = scheduler.submit(requests)
 
     def abandon() -> None:
@@ -66,8 +80,8 @@ async def translate(request: Request, serving: Serving) -> Response:
             t.cancel()
 
     await answer_or_disconnect(asyncio.gather(*(t.future for t in tickets)), request.receive, abandon)
-    answer = await _answer(translator, tickets, nbest, store)
-    return Response(json.dumps(answer, ensure_ascii=False).encode(), media_type=JSON_TYPE)
+    store = serving.attention if body.return_attention else None
+    return await answer(translator, tickets, body.num_return_sequences > 1, store)
 
 
 async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
@@ -83,7 +97,7 @@ async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
     return body
 
 
-async def _answer(translator: Translator, tickets: list[Ticket], nbest: bool, store: AttentionStore | None) -> dict:
+async def answer(translator: Translator, tickets: list[Ticket], nbest: bool, store: AttentionStore | None) -> dict:
     results = [translator.result(t.request, nbest) for t in tickets]
     if store is not None:
         await _attach_attention(results, [t.request for t in tickets], translator, store)
@@ -132,7 +146,7 @@ async def _events(
                 )
                 return
             yield _sse("token", {"index": len(item) - 1, "token": tok.pieces(item[-1:])[0], "text": tok.decode(item)})
-        yield _sse("done", await _answer(translator, [ticket], nbest, store))
+        yield _sse("done", await answer(translator, [ticket], nbest, store))
     finally:  # the client went away (the generator was closed) or the stream ended: either way, stop decoding
         ticket.cancel()
 

@@ -1,0 +1,258 @@
+"""The Open Inference Protocol (KServe v2 REST) for both models, on the same engines as the native routes.
+
+What Triton's ``tritonclient``, KServe and Seldon MLServer clients speak: server and model health,
+model metadata, and ``POST /v2/models/{name}[/versions/{version}]/infer``. A request is queued on the
+model's own batcher or scheduler, with the native routes' requests, so both are batched together and
+overload answers the same (503 with ``Retry-After``); errors have the protocol's ``{"error": ...}`` body.
+
+- Image classifier: one input, ``images`` (BYTES [N]: encoded image files, base64 strings in JSON)
+  or ``pixels`` (FP32 [N, C, H, W], preprocessed as the model was trained); output ``probabilities``
+  (FP64 [N, classes]), or with the classification extension (``"classification": k`` on the output)
+  the k best as ``"score:index:label"`` (BYTES [N, k]).
+- Translator: input ``text`` (BYTES [N]); output ``translation`` (BYTES [N], or [N, k] with
+  ``num_return_sequences`` k > 1); request parameters ``beam_size``, ``length_penalty``,
+  ``num_return_sequences``, ``max_new_tokens`` as on ``POST /translate``.
+- ``return_attention: true`` (request parameter) adds ``attention_id`` (BYTES [N]): ids that
+  ``GET /attention/{id}`` serves.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service import __version__
+from service.classifier import TASK as IMAGE_CLASSIFICATION
+from service.errors import InvalidBase64, InvalidField, ModelNotFound, UnsupportedMediaType
+from service.http import oip
+from service.http.common import JSON_TYPE, answer_or_disconnect, dump_json, validated
+from service.http.router import Route
+from service.http.routes.classify import attach_attention, decode_images
+from service.http.routes.translate import translate_texts
+from service.http.serving import Serving
+from service.registry import ServedModel, Status
+from service.schemas import ClassifyOptions, TranslateRequest
+from service.translator import TASK as TRANSLATION
+
+PLATFORM = "onnxruntime_onnx"
+DECODING_PARAMETERS = ("beam_size", "length_penalty", "num_return_sequences", "max_new_tokens", "return_attention")
+
+
+def _served(serving: Serving, request: Request, ready: bool = True) -> ServedModel:
+    """The model (and version) the path names; 404 if there is no such model or version loaded."""
+    name, version = request.path_params["name"], request.path_params.get("version")
+    model = serving.registry.models.get(name)
+    if model is None or (version is not None and version != model.version):
+        what = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
+        raise ModelNotFound(f"{what} is not in the repository (loaded: {', '.join(sorted(serving.registry.models))})")
+    return serving.registry.get(name, model.task or IMAGE_CLASSIFICATION) if ready else model
+
+
+def _json(body: dict, status: int = 200) -> Response:
+    return Response(dump_json(body), status_code=status, media_type=JSON_TYPE)
+
+
+async def server_metadata(request: Request, serving: Serving) -> Response:
+    """The server's name, version and protocol extensions."""
+    return _json({"name": "attnserve", "version": __version__, "extensions": ["binary_tensor_data", "classification"]})
+
+
+async def server_live(request: Request, serving: Serving) -> Response:
+    """200 while the process answers."""
+    return _json({"live": True})
+
+
+async def server_ready(request: Request, serving: Serving) -> Response:
+    """200 when every model is ready, 503 (saying why) until then."""
+    ready, reasons = serving.registry.readiness()
+    if not ready:
+        return oip.error_response(
+            503, "not_ready", "; ".join(reasons), {"Retry-After": str(serving.settings.retry_after_s)}
+        )
+    return _json({"ready": True})
+
+
+async def model_ready(request: Request, serving: Serving) -> Response:
+    """200 when the model (version) is ready to infer, 503 (saying why) when it is not."""
+    model = _served(serving, request, ready=False)
+    if model.status is not Status.READY:
+        return oip.error_response(503, "model_not_ready", f"model {model.key} is {model.status.value}")
+    return _json({"name": model.name, "ready": True})
+
+
+async def model_metadata(request: Request, serving: Serving) -> Response:
+    """The model's inputs and outputs: name, datatype and shape (-1: any size)."""
+    model = _served(serving, request)
+    if model.task == TRANSLATION:
+        inputs = [_tensor("text", "BYTES", [-1])]
+        outputs = [_tensor("translation", "BYTES", [-1]), _tensor("attention_id", "BYTES", [-1])]
+    else:
+        classifier = model.classifier
+        assert classifier is not None  # a ready classifier has one
+        inputs = [_tensor("images", "BYTES", [-1]), _tensor("pixels", "FP32", [-1, *classifier.input_shape])]
+        outputs = [_tensor("probabilities", "FP64", [-1, len(classifier.labels)])]
+        if classifier.attention is not None:
+            outputs.append(_tensor("attention_id", "BYTES", [-1]))
+    return _json(
+        {"name": model.name, "versions": [model.version], "platform": PLATFORM, "inputs": inputs, "outputs": outputs}
+    )
+
+
+def _tensor(name: str, datatype: str, shape: list[int]) -> dict:
+    return {"name": name, "datatype": datatype, "shape": shape}
+
+
+async def infer(request: Request, serving: Serving) -> Response:
+    """Run the model on the request's inputs; JSON or binary tensors, as the request asks."""
+    if request.headers.get("content-encoding", "identity").lower() != "identity":
+        raise UnsupportedMediaType("compressed inference requests are not accepted; send them uncompressed")
+    model = _served(serving, request)
+    with serving.registry.intake.receiving():
+        req = oip.read_request(await request.body(), request.headers.get(oip.HEADER_LENGTH))
+        if model.task == TRANSLATION:
+            outputs = await _translate(request, serving, model, req)
+        else:
+            outputs = await _classify(request, serving, model, req)
+    return oip.write_response(req, model.name, model.version, outputs)
+
+
+def _one_input(req: oip.InferRequest, names: tuple[str, ...], model: str) -> oip.Tensor:
+    if len(req.inputs) != 1 or next(iter(req.inputs)) not in names:
+        raise InvalidField(f"model {model} takes exactly one input, {' or '.join(names)}; got {sorted(req.inputs)}")
+    (tensor,) = req.inputs.values()
+    if len(tensor.shape) < 1 or tensor.shape[0] < 1:
+        raise InvalidField(f"input {tensor.name!r} needs at least one row")
+    return tensor
+
+
+def _wanted(req: oip.InferRequest, available: list[str]) -> list[str]:
+    if not req.outputs:
+        return available
+    unknown = set(req.outputs) - set(available)
+    if unknown:
+        raise InvalidField(f"no output {sorted(unknown)}; this request can answer {available}")
+    return list(req.outputs)
+
+
+async def _classify(request: Request, serving: Serving, model: ServedModel, req: oip.InferRequest) -> list:
+    classifier, batcher, settings = model.classifier, model.batcher, serving.settings
+    assert classifier is not None and batcher is not None  # a ready classifier has both
+    tensor = _one_input(req, ("images", "pixels"), model.name)
+    attention = req.parameters.get("return_attention", False) is True
+    if attention and classifier.attention is None:
+        raise InvalidField(f"model {model.name} exports no attention output; omit return_attention")
+    if tensor.shape[0] > settings.max_images_per_request:
+        raise InvalidField(f"{tensor.shape[0]} images in one request; at most {settings.max_images_per_request}")
+    if tensor.name == "images":
+        if tensor.datatype != "BYTES" or len(tensor.shape) != 1:
+            raise InvalidField("input 'images' is BYTES [N]: one encoded image file per row")
+        files = [_image_bytes(v, i, tensor) for i, v in enumerate(tensor.data)]
+        rows = pixels = await decode_images(files, classifier, serving.decoder)
+        future = batcher.submit(rows, attention=attention)
+    else:
+        if tensor.datatype != "FP32" or list(tensor.shape[1:]) != list(classifier.input_shape):
+            raise InvalidField(f"input 'pixels' is FP32 [N, {', '.join(map(str, classifier.input_shape))}]")
+        rows = np.ascontiguousarray(tensor.data, np.float32)
+        if not np.isfinite(rows).all():
+            raise InvalidField("input 'pixels' holds NaN or infinite values")
+        pixels = classifier.preprocessing.denormalize(rows) if attention else rows
+        future = batcher.submit(rows, attention=attention, prepared=True)
+    ranked = await answer_or_disconnect(future, request.receive, future.cancel)
+    outputs = []
+    for name in _wanted(req, ["probabilities", *(["attention_id"] if attention else [])]):
+        if name == "attention_id":
+            outputs.append((name, "BYTES", await _attention_ids(classifier, ranked, pixels, serving, attention)))
+            continue
+        k = req.outputs.get(name, {}).get("classification")
+        if not k:
+            outputs.append((name, "FP64", ranked.probabilities))
+            continue
+        limit = min(settings.max_top_k, len(classifier.labels))
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limit:
+            raise InvalidField(f"classification: must be an integer from 1 to {limit}")
+        labels = [[f"{t['score']}:{t['index']}:{t['label']}" for t in top] for top in classifier.top_k(ranked, k)]
+        outputs.append((name, "BYTES", np.array(labels, dtype=object)))
+    return outputs
+
+
+def _image_bytes(value: bytes, index: int, tensor: oip.Tensor) -> bytes:
+    """Binary rows are the file itself; JSON rows are base64 text (JSON cannot hold raw bytes)."""
+    if "binary_data_size" in tensor.parameters:
+        return value
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidBase64(f"images[{index}]: in JSON, an image is base64 text ({e})") from e
+
+
+async def _attention_ids(classifier, ranked, pixels: np.ndarray, serving: Serving, asked: bool) -> np.ndarray:
+    if not asked:
+        raise InvalidField("output 'attention_id' needs the request parameter return_attention: true")
+    results = [{"top_k": top} for top in classifier.top_k(ranked, 1)]
+    await attach_attention(results, ranked.attention, pixels, classifier, ClassifyOptions(), serving.attention)
+    return np.array([r.get("attention_id") or "" for r in results], dtype=object)
+
+
+async def _translate(request: Request, serving: Serving, model: ServedModel, req: oip.InferRequest) -> list:
+    tensor = _one_input(req, ("text",), model.name)
+    if tensor.datatype != "BYTES" or len(tensor.shape) != 1:
+        raise InvalidField("input 'text' is BYTES [N]: one UTF-8 text per row")
+    if tensor.shape[0] > serving.settings.max_texts_per_request:
+        raise InvalidField(f"{tensor.shape[0]} texts in one request; at most {serving.settings.max_texts_per_request}")
+    try:
+        texts = [v.decode("utf-8") for v in tensor.data]
+    except UnicodeDecodeError as e:
+        raise InvalidField(f"input 'text' is not UTF-8: {e}") from e
+    options = {k: v for k, v in req.parameters.items() if k in DECODING_PARAMETERS}
+    body = validated(TranslateRequest, {"texts": texts, "model": model.name, **options})
+    result = await translate_texts(request, serving, model, body)
+    rows = result["results"]
+    outputs = []
+    for name in _wanted(req, ["translation", *(["attention_id"] if body.return_attention else [])]):
+        if name == "attention_id":
+            if not body.return_attention:
+                raise InvalidField("output 'attention_id' needs the request parameter return_attention: true")
+            outputs.append((name, "BYTES", np.array([r.get("attention_id") or "" for r in rows], dtype=object)))
+        elif body.num_return_sequences > 1:
+            nbest = [[h["translation"] for h in r["nbest"]] for r in rows]
+            outputs.append((name, "BYTES", np.array(nbest, dtype=object)))
+        else:
+            outputs.append((name, "BYTES", np.array([r["translation"] for r in rows], dtype=object)))
+    return outputs
+
+
+def _routes() -> list[Route]:
+    common = {"tags": ("open inference protocol",), "error_format": oip.error_response}
+    errors = {404: "No such model or version.", 503: "Not ready, or the queue is full (`Retry-After`)."}
+    infer_errors = {
+        **errors,
+        400: "Invalid JSON.",
+        413: "Body too large.",
+        415: "Compressed body.",
+        422: "Inputs, outputs or parameters the model cannot take.",
+    }
+    body = {
+        JSON_TYPE: {"schema": {"type": "object", "required": ["inputs"]}},
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    }
+    routes = [
+        Route("GET", "/v2", server_metadata, summary="Server metadata", **common),
+        Route("GET", "/v2/health/live", server_live, summary="Server liveness", **common),
+        Route(
+            "GET", "/v2/health/ready", server_ready, summary="Server readiness", errors={503: "Not ready."}, **common
+        ),
+    ]
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [
+            Route("GET", prefix, model_metadata, summary="Model metadata", errors=errors, **common),
+            Route("GET", f"{prefix}/ready", model_ready, summary="Model readiness", errors=errors, **common),
+            Route("POST", f"{prefix}/infer", infer, summary="Inference", body=body, errors=infer_errors, **common),
+        ]
+    return routes
+
+
+ROUTES = _routes()
