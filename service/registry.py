@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.manifest import Entry, Manifest, ManifestError, latest_versions, load_entry, read_manifest
+from contract.manifest import Entry, Manifest, ManifestError, load_entry, read_manifest
 from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.classifier import Classifier
 from service.engine.batching import Batcher, Intake
@@ -27,6 +27,7 @@ from service.runtime import RuntimeUnavailable, create_session
 from service.settings import Settings
 from service.translator import TASK as TRANSLATION
 from service.translator import Translator
+from service.versions import VersionPolicy, parse_setting, selected_versions
 
 log = logging.getLogger("attnserve.registry")
 
@@ -107,7 +108,8 @@ class Registry:
         self.settings = settings
         self.metrics = metrics
         self.intake = intake or Intake()
-        self.models: dict[str, ServedModel] = {}
+        self.versions: dict[str, dict[str, ServedModel]] = {}  # name -> version -> model, lowest version first
+        self.policies: dict[str, VersionPolicy] = {}
         self.repository_error: str | None = None
         self.loaded = False  # the load pass has finished (successfully or not)
         self._stop = threading.Event()
@@ -117,17 +119,21 @@ class Registry:
         """Discover, verify, create sessions and warm up every model; never raises."""
         root = self.settings.model_repository
         try:
-            paths = latest_versions(root)
-            if not paths:
+            found = selected_versions(root, parse_setting(self.settings.version_policy))
+            if not found:
                 raise ManifestError(f"model repository {root} holds no <name>/<version>/ entries")
+            empty = [f"{name} ({policy})" for name, (versions, policy) in found.items() if not versions]
+            if empty:
+                raise ManifestError(f"the version policy selects no version of {', '.join(empty)}")
         except ManifestError as e:
             self.repository_error = str(e)
             log.error("not ready: %s", e)
             self.loaded = True
             return
-        for path in paths:
-            self.models[path.parent.name] = ServedModel(path.parent.name, path.name, path)
-        for model in self.models.values():
+        for name, (versions, policy) in found.items():
+            self.policies[name] = policy
+            self.versions[name] = {v: ServedModel(name, v, root / name / v) for v in versions}
+        for model in self.all():
             await asyncio.to_thread(self._load_one, model)
             if model.status is Status.WARMING and not self._stop.is_set():
                 if model.classifier is not None:
@@ -263,7 +269,7 @@ class Registry:
 
     async def close(self) -> None:
         self._stop.set()
-        for model in self.models.values():
+        for model in self.all():
             if model.batcher is not None:
                 await model.batcher.stop()
             if model.scheduler is not None:
@@ -271,18 +277,32 @@ class Registry:
             self.metrics.ready.labels(model.name, model.version).set(0)
 
     # ---- queries -----------------------------------------------------------------------------
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        """Each model's version that answers requests naming no version: the highest ready one (else the highest)."""
+        return {name: self._unpinned(versions) for name, versions in self.versions.items()}
+
+    @staticmethod
+    def _unpinned(versions: dict[str, ServedModel]) -> ServedModel:
+        ready = [m for m in versions.values() if m.status is Status.READY]
+        return (ready or list(versions.values()))[-1]
+
+    def all(self) -> list[ServedModel]:
+        """Every loaded version of every model."""
+        return [m for versions in self.versions.values() for m in versions.values()]
+
     def servable(self) -> list[ServedModel]:
-        return [m for m in self.models.values() if m.task in SERVED_TASKS]
+        return [m for m in self.all() if m.task in SERVED_TASKS]
 
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, reasons): ready once every servable model is loaded and warmed up."""
         if self.repository_error:
             return False, [self.repository_error]
-        if not self.loaded and not self.models:
+        if not self.loaded and not self.versions:
             return False, ["loading the model repository"]
         reasons = [
             f"{m.key}: {m.status.value}" + (f" ({m.reason})" if m.reason else "")
-            for m in self.models.values()
+            for m in self.all()
             if m.status not in (Status.READY, Status.UNSUPPORTED)
         ]
         if self.loaded and not self.servable():
@@ -295,10 +315,20 @@ class Registry:
         names = [m.name for m in self.models.values() if m.task == task]
         return min(names) if names else None
 
-    def get(self, name: str | None, task: str = IMAGE_CLASSIFICATION) -> ServedModel:
-        """The model a request names (or the task's default one), ready to take requests."""
+    def get(self, name: str | None, task: str = IMAGE_CLASSIFICATION, version: str | None = None) -> ServedModel:
+        """The model a request names (``name`` or ``name:version``; none: the task's default model), ready
+        to take requests: the pinned version, or the one that answers unpinned requests."""
+        if name is not None and ":" in name and version is None:
+            name, _, version = name.partition(":")
         wanted = name or self.default_model_name(task)
-        model = self.models.get(wanted) if wanted else None
+        versions = self.versions.get(wanted) if wanted else None
+        model = None
+        if versions is not None:
+            model = self._unpinned(versions) if version is None else versions.get(version)
+            if model is None:
+                raise ModelNotFound(
+                    f"model {wanted!r} has no version {version!r} loaded (loaded: {', '.join(versions)})"
+                )
         if model is None:
             if not self.loaded:
                 raise ModelNotReady(

@@ -14,7 +14,10 @@ class ClassifyOptions(BaseModel):
 
     top_k: int = Field(5, ge=1, description="How many labels to return per image, best first.")
     model: str | None = Field(
-        None, min_length=1, max_length=200, description="Model name (default: the service's default classifier)."
+        None,
+        min_length=1,
+        max_length=200,
+        description="Model name, or `name:version` to pin a version (default: the service's default classifier).",
     )
     return_attention: bool = Field(
         False,
@@ -76,7 +79,10 @@ class TranslateRequest(BaseModel):
     text: str | None = Field(None, description="One English text (or use `texts`).")
     texts: list[str] | None = Field(None, min_length=1, description="Several texts, translated together.")
     model: str | None = Field(
-        None, min_length=1, max_length=200, description="Model name (default: the first translation model)."
+        None,
+        min_length=1,
+        max_length=200,
+        description="Model name, or `name:version` to pin a version (default: the first translation model).",
     )
     beam_size: int = Field(1, ge=1, description="1: greedy decoding; up to the service's `max_beam_size` (8).")
     length_penalty: float = Field(
@@ -165,6 +171,9 @@ class ModelInfo(BaseModel):
     reason: str | None = Field(None, description="Why the model is not ready, when it is not.")
     provider: str | None = Field(None, description="onnxruntime execution provider actually in use.")
     default: bool = Field(False, description="Used when a request names no model.")
+    unpinned: bool = Field(
+        True, description="Answers requests that name this model without a version (`name`, not `name:version`)."
+    )
     created_at: str | None = None
     labels: list[str] | None = None
     input: ModelInput | None = None

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
         None,
         description="Classifier used when a /classify request names none (default: the first image-classification model).",
     )
+    version_policy: str = Field(
+        "latest:1",
+        description="Versions loaded of a model whose folder has no config.json: `latest:N`, `all` or `specific:1,3`.",
+    )
     execution_provider: ExecutionProvider = Field(
         "auto", description="`auto`: CUDA when onnxruntime offers it, else CPU; `cuda` or `cpu` to force."
     )
@@ -135,6 +139,14 @@ class Settings(BaseSettings):
     attention_max_bytes: int = Field(
         256 * MiB, ge=1 * MiB, description="Memory store: total size of kept maps; the least recently used go first."
     )
+
+    @field_validator("version_policy", mode="after")
+    @classmethod
+    def _valid_policy(cls, value: str) -> str:
+        from service.versions import parse_setting
+
+        parse_setting(value)  # raises ValueError, which pydantic reports with the field's name
+        return value
 
     @field_validator("image_formats", mode="after")
     @classmethod

@@ -12,10 +12,15 @@ from service.schemas import ModelsResponse
 
 
 async def list_models(request: Request, serving: Serving) -> Response:
-    """Every model in the repository, failed ones included with the reason, so an operator sees why."""
+    """Every loaded version of every model, failed ones included with the reason, so an operator sees why;
+    `unpinned` marks the version that answers requests naming no version."""
     registry = serving.registry
-    defaults = {registry.default_model_name(task) for task in {m.task for m in registry.models.values()} if task}
-    models = [{**m.describe(), "default": m.name in defaults} for m in registry.models.values()]
+    defaults = {registry.default_model_name(task) for task in {m.task for m in registry.all()} if task}
+    unpinned = registry.models
+    models = [
+        {**m.describe(), "default": m.name in defaults and unpinned[m.name] is m, "unpinned": unpinned[m.name] is m}
+        for m in registry.all()
+    ]
     body = ModelsResponse.model_validate({"models": models}).model_dump(mode="json")  # exactly the documented fields
     return Response(dump_json(body), media_type=JSON_TYPE)
 

@@ -43,13 +43,17 @@ DECODING_PARAMETERS = ("beam_size", "length_penalty", "num_return_sequences", "m
 
 
 def _served(serving: Serving, request: Request, ready: bool = True) -> ServedModel:
-    """The model (and version) the path names; 404 if there is no such model or version loaded."""
+    """The model version the path names (or the one answering unpinned requests); 404 if it is not loaded."""
     name, version = request.path_params["name"], request.path_params.get("version")
-    model = serving.registry.models.get(name)
-    if model is None or (version is not None and version != model.version):
+    versions = serving.registry.versions.get(name)
+    if versions is None or (version is not None and version not in versions):
         what = f"model {name!r}" + (f" version {version!r}" if version is not None else "")
-        raise ModelNotFound(f"{what} is not in the repository (loaded: {', '.join(sorted(serving.registry.models))})")
-    return serving.registry.get(name, model.task or IMAGE_CLASSIFICATION) if ready else model
+        loaded = ", ".join(m.key for m in serving.registry.all())
+        raise ModelNotFound(f"{what} is not loaded (loaded: {loaded})")
+    if not ready:
+        return versions[version] if version is not None else serving.registry.models[name]
+    task = next(iter(versions.values())).task or IMAGE_CLASSIFICATION
+    return serving.registry.get(name, task, version)
 
 
 def _json(body: dict, status: int = 200) -> Response:
@@ -97,9 +101,8 @@ async def model_metadata(request: Request, serving: Serving) -> Response:
         outputs = [_tensor("probabilities", "FP64", [-1, len(classifier.labels)])]
         if classifier.attention is not None:
             outputs.append(_tensor("attention_id", "BYTES", [-1]))
-    return _json(
-        {"name": model.name, "versions": [model.version], "platform": PLATFORM, "inputs": inputs, "outputs": outputs}
-    )
+    versions = list(serving.registry.versions[model.name])
+    return _json({"name": model.name, "versions": versions, "platform": PLATFORM, "inputs": inputs, "outputs": outputs})
 
 
 def _tensor(name: str, datatype: str, shape: list[int]) -> dict:

@@ -68,7 +68,7 @@ def test_health_and_metadata(client):
     assert ("probabilities", "FP64", [-1, 10]) in [(t["name"], t["datatype"], t["shape"]) for t in vit["outputs"]]
     translator = client.get_model_metadata("translator")
     assert [t["name"] for t in translator["inputs"]] == ["text"]
-    with pytest.raises(InferenceServerException, match="not in the repository") as e:
+    with pytest.raises(InferenceServerException, match="is not loaded") as e:
         client.get_model_metadata("nope")
     assert e.value.status() == "404"
 
@@ -173,7 +173,7 @@ def test_plain_http_binary_request_and_response(server, pngs):
         ("vit", b'{"inputs": [{"name": "images", "shape": [9], "datatype": "BYTES", "data": ["a","a","a","a","a","a","a","a","a"]}]}', {}, 422, "at most 8"),
         ("translator", b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["Hi."]}], "parameters": {"beam_size": 0}}', {}, 422, "beam_size"),
         ("translator", b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["Hi."]}], "outputs": [{"name": "logits"}]}', {}, 422, "no output"),
-        ("nope", b'{"inputs": []}', {}, 404, "not in the repository"),
+        ("nope", b'{"inputs": []}', {}, 404, "is not loaded"),
     ],
 )  # fmt: skip
 def test_bad_requests_get_the_protocol_error_body_and_the_service_goes_on(
