@@ -89,6 +89,12 @@ class Metrics:
             ["model", "version", "provider"],
             registry=r,
         )
+        self.load_failures = Counter(
+            "attnserve_model_load_failures",
+            "Model versions that failed to load (bad sha256, broken graph, manifest error).",
+            ["model", "version"],
+            registry=r,
+        )
         self.ready = Gauge(
             "attnserve_model_ready", "1 when the model is loaded and warmed up.", ["model", "version"], registry=r
         )

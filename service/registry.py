@@ -40,6 +40,7 @@ class Status(str, enum.Enum):
     WARMING = "warming"  # running every batch size once
     READY = "ready"
     FAILED = "failed"
+    UNLOADING = "unloading"  # retired: takes no new requests, drains what it has, then goes away
     UNSUPPORTED = "unsupported"  # a task this version of the service does not serve; not a readiness blocker
 
 
@@ -111,6 +112,7 @@ class Registry:
         self.versions: dict[str, dict[str, ServedModel]] = {}  # name -> version -> model, lowest version first
         self.policies: dict[str, VersionPolicy] = {}
         self.repository_error: str | None = None
+        self.added_later: set[str] = set()  # models first loaded after startup: until ready, they block nothing
         self.loaded = False  # the load pass has finished (successfully or not)
         self._stop = threading.Event()
 
@@ -134,18 +136,49 @@ class Registry:
             self.policies[name] = policy
             self.versions[name] = {v: ServedModel(name, v, root / name / v) for v in versions}
         for model in self.all():
-            await asyncio.to_thread(self._load_one, model)
-            if model.status is Status.WARMING and not self._stop.is_set():
-                if model.classifier is not None:
-                    self._start_batcher(model, model.classifier)
-                elif model.translator is not None:
-                    self._start_scheduler(model, model.translator)
+            await self.bring_up(model)
         self.loaded = True
         ready, reasons = self.readiness()
         if ready:
             log.info("ready: %s", ", ".join(f"{m.key} on {m.provider}" for m in self.servable()))
         else:
             log.error("not ready: %s", "; ".join(reasons))
+
+    async def bring_up(self, model: ServedModel) -> None:
+        """Verify, create sessions and warm up (in a thread), then start the engine: READY, or FAILED with why."""
+        await asyncio.to_thread(self._load_one, model)
+        if model.status is Status.WARMING and not self._stop.is_set():
+            if model.classifier is not None:
+                self._start_batcher(model, model.classifier)
+            elif model.translator is not None:
+                self._start_scheduler(model, model.translator)
+
+    async def retire(self, model: ServedModel, quiet_s: float = 1.0, timeout_s: float = 60.0) -> None:
+        """Stop routing to ``model``, let what it queued and runs finish, then stop its engine.
+
+        Requests still on their way to it (a handler that picked this version a moment ago) are
+        served: the engine is stopped only after it has been idle for ``quiet_s``.
+        """
+        model.status = Status.UNLOADING
+        engine = model.batcher or model.scheduler
+        loop = asyncio.get_running_loop()
+        deadline, quiet_since = loop.time() + timeout_s, None
+        while engine is not None and loop.time() < deadline:
+            if engine.idle:
+                quiet_since = quiet_since or loop.time()
+                if loop.time() - quiet_since >= quiet_s:
+                    break
+            else:
+                quiet_since = None
+            await asyncio.sleep(0.05)
+        if model.batcher is not None:
+            await model.batcher.stop()
+        if model.scheduler is not None:
+            await model.scheduler.stop()
+        self.metrics.ready.labels(model.name, model.version).set(0)
+        if model.provider is not None:
+            self.metrics.provider.labels(model.name, model.version, model.provider).set(0)
+        log.info("model %s unloaded", model.key, extra={"model": model.name, "version": model.version})
 
     def _load_one(self, model: ServedModel) -> None:
         """Runs in a worker thread: sha256, session, warm-up. Leaves the model WARMING or FAILED."""
@@ -226,6 +259,7 @@ class Registry:
     def _fail(self, model: ServedModel, reason: str) -> None:
         model.status, model.reason, model.classifier, model.translator = Status.FAILED, reason, None, None
         model.provider = None  # a session may have been created before the failure: nothing is served on it
+        self.metrics.load_failures.labels(model.name, model.version).inc()
         log.error(
             "model %s failed to load and will not be served: %s",
             model.key,
@@ -295,16 +329,27 @@ class Registry:
         return [m for m in self.all() if m.task in SERVED_TASKS]
 
     def readiness(self) -> tuple[bool, list[str]]:
-        """(ready, reasons): ready once every servable model is loaded and warmed up."""
+        """(ready, reasons): ready once the repository was loaded and every model has a ready version
+        (all of them at startup; later, a version failing to load leaves the one serving in place)."""
         if self.repository_error:
             return False, [self.repository_error]
-        if not self.loaded and not self.versions:
-            return False, ["loading the model repository"]
+        if not self.loaded:
+            blocking = self.all()
+        else:
+            blocking = [
+                m
+                for name, versions in self.versions.items()
+                if name not in self.added_later
+                and not any(v.status in (Status.READY, Status.UNSUPPORTED) for v in versions.values())
+                for m in versions.values()
+            ]
         reasons = [
             f"{m.key}: {m.status.value}" + (f" ({m.reason})" if m.reason else "")
-            for m in self.all()
+            for m in blocking
             if m.status not in (Status.READY, Status.UNSUPPORTED)
         ]
+        if not self.loaded and not self.versions:
+            reasons = ["loading the model repository"]
         if self.loaded and not self.servable():
             reasons.append(f"no model in {self.settings.model_repository} has a task this service serves")
         return not reasons, reasons

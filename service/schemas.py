@@ -167,7 +167,7 @@ class ModelInfo(BaseModel):
     name: str
     version: str
     task: str | None
-    status: str = Field(description="pending, loading, warming, ready, failed or unsupported.")
+    status: str = Field(description="pending, loading, warming, ready, failed, unsupported or unloading.")
     reason: str | None = Field(None, description="Why the model is not ready, when it is not.")
     provider: str | None = Field(None, description="onnxruntime execution provider actually in use.")
     default: bool = Field(False, description="Used when a request names no model.")

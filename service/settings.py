@@ -52,6 +52,12 @@ class Settings(BaseSettings):
         "latest:1",
         description="Versions loaded of a model whose folder has no config.json: `latest:N`, `all` or `specific:1,3`.",
     )
+    repository_poll_s: float = Field(
+        0,
+        ge=0,
+        description="Read the repository every so many seconds and load what changed (0: only at startup and on "
+        "POST /v2/repository/models/{name}/load).",
+    )
     execution_provider: ExecutionProvider = Field(
         "auto", description="`auto`: CUDA when onnxruntime offers it, else CPU; `cuda` or `cpu` to force."
     )

@@ -7,6 +7,7 @@ be a positive number of its unit in a range no working measurement leaves.
 from __future__ import annotations
 
 import re
+import shutil
 
 from tests.conftest import run_module
 
@@ -157,3 +158,25 @@ def test_bench_versions_compares_a_revision_with_this_checkout(
     )
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("classify,", "translate,"))]
     assert len(rows) == 5 and all(re.search(r"req/s = \d+\.\d{3}x \(rounds", r) for r in rows)
+
+
+def test_bench_switch_loads_new_versions_under_load_without_a_failed_request(
+    tiny_vit_repository, tiny_translator_repository, tmp_path
+):
+    repo = tmp_path / "models"
+    for source in (tiny_vit_repository, tiny_translator_repository):
+        for model in source.iterdir():
+            shutil.copytree(model, repo / model.name)
+    proc = run_module(
+        "benchmarks.bench_switch", "--repository", str(repo), "--clients", "2", "--before", "1", "--after", "1"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {tuple(line.split()[:2]): line.split()[2:] for line in proc.stdout.splitlines()[2:]}
+    assert set(rows) == {(p, r) for p in ("before", "during", "after") for r in ("classify", "translate")}
+    for (phase, _), (answered, failed, p50, p99, *versions) in rows.items():
+        if int(answered) == 0:  # a switch quicker than one translation: nothing answered during it
+            assert phase == "during"
+            continue
+        versions = versions[0]
+        assert int(failed) == 0 and int(answered) >= 1 and 0 < float(p50) <= float(p99) < 60_000
+        assert versions == {"before": "1", "after": "2"}.get(phase, versions)

@@ -122,7 +122,10 @@ class OverloadedError(ServiceUnavailableError):
 # The service's stable error codes (service/errors.py). The code decides where it is known, so an
 # ``error`` event in the middle of a stream, which has no status of its own, still gets its class.
 _BY_CODE: dict[str, type[APIStatusError]] = {
-    **dict.fromkeys(("undecodable_image", "invalid_base64", "invalid_json", "invalid_multipart"), BadRequestError),
+    **dict.fromkeys(
+        ("undecodable_image", "invalid_base64", "invalid_json", "invalid_multipart", "model_load_failed"),
+        BadRequestError,
+    ),
     **dict.fromkeys(("model_not_found", "attention_not_found", "not_found"), NotFoundError),
     **dict.fromkeys(("body_too_large", "image_too_large", "text_too_long"), PayloadTooLargeError),
     "unsupported_media_type": UnsupportedMediaTypeError,

@@ -248,6 +248,11 @@ class Batcher:
     def queued_images(self) -> int:
         return self._state.queued
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing computing: a model version being retired has drained."""
+        return not len(self._state) and not self._computing
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._intake.subscribe(self._notify)

@@ -104,6 +104,11 @@ class Scheduler:
         self._wakeup.set()
         return tickets
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing decoding: a model version being retired has drained."""
+        return not self._waiting and not self._running
+
     def state(self) -> dict:
         """What runs and waits now: for ``GET /models`` and for tests."""
         return {

@@ -33,6 +33,7 @@ from service.http.router import Router
 from service.http.routes import ROUTES
 from service.http.serving import Serving
 from service.images import ImageDecoder, ImageLimits
+from service.lifecycle import Lifecycle
 from service.logs import configure_logging, flush_access_logs
 from service.metrics import Metrics
 from service.registry import Registry
@@ -80,8 +81,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         threads=settings.decode_threads,
     )
     store = create_store(settings, app.state.metrics.for_attention_store())
-    app.state.serving = Serving(settings, app.state.metrics, registry, app.state.decoder, store)
+    lifecycle = Lifecycle(registry)
+    app.state.serving = Serving(settings, app.state.metrics, registry, app.state.decoder, store, lifecycle)
     loading = asyncio.create_task(registry.load(), name="load-models")
+    if settings.repository_poll_s > 0:
+        lifecycle.start_polling(settings.repository_poll_s)
     tune_gc()
     try:
         yield
@@ -90,6 +94,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loading
+        await lifecycle.stop()
         await registry.close()
         await store.close()
         app.state.decoder.close()

@@ -62,6 +62,16 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return Response(json.dumps({"error": message}), status_code=status, headers=headers, media_type="application/json")
 
 
+def json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidJSON(f"the body is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise InvalidField("the body must be a JSON object")
+    return doc
+
+
 def read_request(body: bytes, header_length: str | None) -> InferRequest:
     """Parse and check an inference request: every input's data matches its shape and datatype."""
     if header_length is not None:

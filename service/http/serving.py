@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from service.attention.store import AttentionStore
 from service.images import ImageDecoder
+from service.lifecycle import Lifecycle
 from service.metrics import Metrics
 from service.registry import Registry
 from service.settings import Settings
@@ -22,3 +23,4 @@ class Serving:
     registry: Registry
     decoder: ImageDecoder
     attention: AttentionStore
+    lifecycle: Lifecycle

@@ -32,6 +32,7 @@ BY_STATUS = {
     400: BadRequestError,
     404: NotFoundError,
     405: APIStatusError,
+    409: APIStatusError,
     413: PayloadTooLargeError,
     415: UnsupportedMediaTypeError,
     422: InvalidFieldError,

@@ -59,6 +59,7 @@ EXPORTED = {
     "attnserve_queue_images": ("gauge", {"model"}),
     "attnserve_rejected_requests": ("counter", {"model"}),
     "attnserve_dropped_requests": ("counter", {"model"}),
+    "attnserve_model_load_failures": ("counter", {"model", "version"}),
     "attnserve_failed_batches": ("counter", {"model"}),
     "attnserve_generated_tokens": ("counter", {"model"}),
     "attnserve_running_sequences": ("gauge", {"model"}),
@@ -95,6 +96,7 @@ def touch_everything(m: Metrics) -> None:
     store.failed("get")
     m.provider.labels("vit", "1", "CPUExecutionProvider").set(1)  # as the registry marks a model ready
     m.ready.labels("vit", "1").set(1)
+    m.load_failures.labels("vit", "3").inc()  # as the lifecycle counts a version that failed to load
 
 
 def test_every_metric_is_exported_with_its_type_and_labels():

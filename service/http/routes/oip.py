@@ -56,7 +56,7 @@ def _served(serving: Serving, request: Request, ready: bool = True) -> ServedMod
     return serving.registry.get(name, task, version)
 
 
-def _json(body: dict, status: int = 200) -> Response:
+def _json(body: dict | list, status: int = 200) -> Response:
     return Response(dump_json(body), status_code=status, media_type=JSON_TYPE)
 
 
@@ -228,6 +228,31 @@ async def _translate(request: Request, serving: Serving, model: ServedModel, req
     return outputs
 
 
+async def repository_index(request: Request, serving: Serving) -> Response:
+    """Every version folder of the repository with its state (READY, LOADING, UNLOADING, UNAVAILABLE);
+    `{"ready": true}` keeps the ready ones only."""
+    raw = await request.body()
+    options = oip.json_object(raw) if raw.strip() else {}
+    entries = serving.lifecycle.index()
+    if options.get("ready") is True:
+        entries = [e for e in entries if e["state"] == "READY"]
+    return _json(entries)
+
+
+async def repository_load(request: Request, serving: Serving) -> Response:
+    """Load what the model's folder and version policy now hold, in the background of the running
+    service; answers when done. Unpinned requests move to a new version once it is ready, and the
+    versions it replaces are unloaded after they drained."""
+    await serving.lifecycle.load(request.path_params["name"])
+    return _json({})
+
+
+async def repository_unload(request: Request, serving: Serving) -> Response:
+    """Stop routing to every version of the model, let them finish what they have, unload them."""
+    await serving.lifecycle.unload(request.path_params["name"])
+    return _json({})
+
+
 def _routes() -> list[Route]:
     common = {"tags": ("open inference protocol",), "error_format": oip.error_response}
     errors = {404: "No such model or version.", 503: "Not ready, or the queue is full (`Retry-After`)."}
@@ -255,6 +280,12 @@ def _routes() -> list[Route]:
             Route("GET", f"{prefix}/ready", model_ready, summary="Model readiness", errors=errors, **common),
             Route("POST", f"{prefix}/infer", infer, summary="Inference", body=body, errors=infer_errors, **common),
         ]
+    lifecycle_errors = {404: "No such model folder.", 400: "A version failed to load.", 409: "The model is busy."}
+    routes += [
+        Route("POST", "/v2/repository/index", repository_index, summary="Repository index", **common),
+        Route("POST", "/v2/repository/models/{name}/load", repository_load, summary="Load a model", errors=lifecycle_errors, **common),
+        Route("POST", "/v2/repository/models/{name}/unload", repository_unload, summary="Unload a model", errors=lifecycle_errors, **common),
+    ]  # fmt: skip
     return routes
 
 
