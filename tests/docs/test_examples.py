@@ -250,9 +250,15 @@ def check_docker(args: list[str], cwd: Path) -> None:
 
 
 def check_kubectl(args: list[str], cwd: Path) -> None:
-    assert args[0] in {"apply", "rollout", "port-forward"}, f"kubectl {args[0]}: no check"
+    assert args[0] in {"apply", "rollout", "port-forward", "get"}, f"kubectl {args[0]}: no check"
     if args[:2] == ["apply", "-k"]:
         assert (cwd / args[2] / "kustomization.yaml").is_file()
+    for flag, value in itertools.pairwise(args):
+        if flag == "-f":
+            assert (cwd / value).is_file(), f"no manifest {value}"
+    if args[:2] == ["get", "inferenceservice"]:
+        names = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in (ROOT / "deploy" / "kserve").glob("*.yaml")}
+        assert args[2] in names, f"deploy/kserve defines no InferenceService {args[2]}"
     for arg in args:
         if re.fullmatch(r"(deployment|service)/[\w-]+", arg):
             assert arg in kubernetes_objects(), f"deploy/k8s defines no {arg}"
