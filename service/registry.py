@@ -246,12 +246,12 @@ class Registry:
     def _start_scheduler(self, model: ServedModel, translator: Translator) -> None:
         s = self.settings
         model.scheduler = Scheduler(
-            model.name,
+            model.key,  # "name/version": errors, logs and thread names say the version
             translator,
             max_running_rows=s.max_running_sequences,
             max_waiting_rows=s.max_waiting_sequences,
             retry_after_s=s.retry_after_s,
-            observer=self.metrics.for_decoder(model.name),
+            observer=self.metrics.for_decoder(model.name, model.version),
         )
         model.scheduler.start()
         self._mark_ready(model)
@@ -270,7 +270,7 @@ class Registry:
     def _start_batcher(self, model: ServedModel, classifier: Classifier) -> None:
         s = self.settings
         model.batcher = Batcher(
-            model.name,
+            model.key,
             classifier.forward,
             prepare=classifier.preprocessing.normalize,
             finish=classifier.rank,
@@ -280,7 +280,7 @@ class Registry:
             retry_after_s=s.retry_after_s,
             instances=s.model_instances,
             intake=self.intake,
-            observer=self.metrics.for_model(model.name),
+            observer=self.metrics.for_model(model.name, model.version),
         )
         model.batcher.start()
         self._mark_ready(model)

@@ -29,11 +29,14 @@ async function loadModels() {
   const { models } = await api("/models");
   $("models").replaceChildren(...models.map((m) => {
     const li = document.createElement("li");
-    li.textContent = `${m.name} v${m.version} (${m.task}) on ${m.provider || m.status}`;
+    const pinnedOnly = m.unpinned === false ? ", pinned requests only" : "";
+    li.textContent = `${m.name} v${m.version} (${m.task}) on ${m.provider || m.status}${pinnedOnly}`;
     return li;
   }));
-  state.vit = models.find((m) => m.task === "image-classification" && m.status === "ready");
-  state.translator = models.find((m) => m.task === "translation" && m.status === "ready");
+  // the version that answers requests naming no version: what this page's requests get
+  const serving = (task) => models.find((m) => m.task === task && m.status === "ready" && m.unpinned !== false);
+  state.vit = serving("image-classification");
+  state.translator = serving("translation");
   if (state.vit && state.vit.attention) {
     const a = state.vit.attention;
     fillSelect($("vit-layer"), [...Array(a.layers).keys()]);

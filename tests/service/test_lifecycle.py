@@ -120,6 +120,8 @@ def test_a_corrupt_version_fails_to_load_and_the_old_one_keeps_answering(repo, t
 def test_unload_lets_running_requests_finish_then_the_model_is_gone(repo, tmp_path):
     with serving(tmp_path, repo) as srv:
         client = client_for(srv)
+        made = httpx.post(srv.url + "/translate", json={"text": "Open the file.", "return_attention": True})
+        attention_id = made.json()["results"][0]["attention_id"]
         result: dict = {}
         long_text = " ".join(["Open the file and save the document."] * 6)
         worker = threading.Thread(
@@ -134,6 +136,8 @@ def test_unload_lets_running_requests_finish_then_the_model_is_gone(repo, tmp_pa
         after = httpx.post(srv.url + "/translate", json={"text": "Open."})
         listed = [m["name"] for m in srv.get("/models").json()["models"]]
         ready = srv.get("/readyz").status_code
+        kept = httpx.get(f"{srv.url}/attention/{attention_id}")
+    assert kept.status_code == 200 and kept.json()["version"] == "1"  # ids outlive their model until their TTL
     assert result["r"].status_code == 200 and result["r"].json()["version"] == "1"
     assert after.status_code == 404 and after.json()["error"]["code"] == "model_not_found"
     assert listed == ["vit"] and ready == 200

@@ -52,22 +52,22 @@ def cumulative(bounds, observations) -> dict[float, int]:
 EXPORTED = {
     "attnserve_http_requests": ("counter", {"route", "method", "status"}),
     "attnserve_http_request_duration_seconds": ("histogram", {"route", "method"}),
-    "attnserve_queue_wait_seconds": ("histogram", {"model"}),
-    "attnserve_compute_seconds": ("histogram", {"model"}),
-    "attnserve_batch_size": ("histogram", {"model"}),
-    "attnserve_images": ("counter", {"model"}),
-    "attnserve_queue_images": ("gauge", {"model"}),
-    "attnserve_rejected_requests": ("counter", {"model"}),
-    "attnserve_dropped_requests": ("counter", {"model"}),
+    "attnserve_queue_wait_seconds": ("histogram", {"model", "version"}),
+    "attnserve_compute_seconds": ("histogram", {"model", "version"}),
+    "attnserve_batch_size": ("histogram", {"model", "version"}),
+    "attnserve_images": ("counter", {"model", "version"}),
+    "attnserve_queue_images": ("gauge", {"model", "version"}),
+    "attnserve_rejected_requests": ("counter", {"model", "version"}),
+    "attnserve_dropped_requests": ("counter", {"model", "version"}),
     "attnserve_model_load_failures": ("counter", {"model", "version"}),
-    "attnserve_failed_batches": ("counter", {"model"}),
-    "attnserve_generated_tokens": ("counter", {"model"}),
-    "attnserve_running_sequences": ("gauge", {"model"}),
-    "attnserve_waiting_sequences": ("gauge", {"model"}),
-    "attnserve_decode_step_seconds": ("histogram", {"model"}),
-    "attnserve_decode_step_rows": ("histogram", {"model"}),
-    "attnserve_time_per_output_token_seconds": ("histogram", {"model"}),
-    "attnserve_time_to_first_token_seconds": ("histogram", {"model"}),
+    "attnserve_failed_batches": ("counter", {"model", "version"}),
+    "attnserve_generated_tokens": ("counter", {"model", "version"}),
+    "attnserve_running_sequences": ("gauge", {"model", "version"}),
+    "attnserve_waiting_sequences": ("gauge", {"model", "version"}),
+    "attnserve_decode_step_seconds": ("histogram", {"model", "version"}),
+    "attnserve_decode_step_rows": ("histogram", {"model", "version"}),
+    "attnserve_time_per_output_token_seconds": ("histogram", {"model", "version"}),
+    "attnserve_time_to_first_token_seconds": ("histogram", {"model", "version"}),
     "attnserve_model_provider_info": ("gauge", {"model", "version", "provider"}),
     "attnserve_model_ready": ("gauge", {"model", "version"}),
     "attnserve_attention_store_records": ("gauge", set()),
@@ -80,13 +80,13 @@ EXPORTED = {
 def touch_everything(m: Metrics) -> None:
     """One update of every metric, through the API the service uses for it."""
     m.observe_request("/classify", "POST", 200, 0.001)
-    batcher = m.for_model("vit")
+    batcher = m.for_model("vit", "1")
     batcher.batch_started(1, [0.001])
     batcher.batch_finished(1, 0.001, ok=True)
     batcher.queue_depth(0)
     batcher.dropped(1)
     batcher.rejected()
-    decoder = m.for_decoder("translator")
+    decoder = m.for_decoder("translator", "1")
     decoder.step(1, 0.001, 1)
     decoder.occupancy(1, 0)
     decoder.finished(1, 0.001, 0.001, 0.001)
@@ -116,10 +116,10 @@ def test_every_metric_is_exported_with_its_type_and_labels():
 def test_each_metrics_object_has_its_own_registry():
     a, b = Metrics(), Metrics()
     a.observe_request("/classify", "POST", 200, 0.01)
-    a.for_model("vit").rejected()
+    a.for_model("vit", "1").rejected()
     assert value(a, "attnserve_http_requests_total", route="/classify", method="POST", status="200") == 1
     assert value(b, "attnserve_http_requests_total", route="/classify", method="POST", status="200") is None
-    assert value(b, "attnserve_rejected_requests_total", model="vit") is None
+    assert value(b, "attnserve_rejected_requests_total", model="vit", version="1") is None
     global_text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
     assert "attnserve_http_requests" not in global_text and "attnserve_rejected_requests" not in global_text
 
@@ -152,13 +152,13 @@ def test_histograms_use_the_latency_or_the_batch_buckets():
     batch = (*map(float, BATCH_BUCKETS), math.inf)
     expected = {
         ("attnserve_http_request_duration_seconds", (("route", "/classify"), ("method", "POST"))): latency,
-        ("attnserve_queue_wait_seconds", (("model", "vit"),)): latency,
-        ("attnserve_compute_seconds", (("model", "vit"),)): latency,
-        ("attnserve_batch_size", (("model", "vit"),)): batch,
-        ("attnserve_decode_step_seconds", (("model", "translator"),)): latency,
-        ("attnserve_decode_step_rows", (("model", "translator"),)): batch,
-        ("attnserve_time_per_output_token_seconds", (("model", "translator"),)): latency,
-        ("attnserve_time_to_first_token_seconds", (("model", "translator"),)): latency,
+        ("attnserve_queue_wait_seconds", (("model", "vit"), ("version", "1"))): latency,
+        ("attnserve_compute_seconds", (("model", "vit"), ("version", "1"))): latency,
+        ("attnserve_batch_size", (("model", "vit"), ("version", "1"))): batch,
+        ("attnserve_decode_step_seconds", (("model", "translator"), ("version", "1"))): latency,
+        ("attnserve_decode_step_rows", (("model", "translator"), ("version", "1"))): batch,
+        ("attnserve_time_per_output_token_seconds", (("model", "translator"), ("version", "1"))): latency,
+        ("attnserve_time_to_first_token_seconds", (("model", "translator"), ("version", "1"))): latency,
     }
     for (name, labels), bounds in expected.items():
         assert tuple(histogram(m, name, **dict(labels))["buckets"]) == bounds, name
@@ -168,7 +168,7 @@ def test_histograms_use_the_latency_or_the_batch_buckets():
 
 def test_the_batcher_view_updates_the_model_s_metrics_only():
     m = Metrics()
-    vit, other = m.for_model("vit"), m.for_model("other")
+    vit, other = m.for_model("vit", "1"), m.for_model("other", "1")
     vit.batch_started(3, [0.001, 0.004])
     vit.batch_finished(3, 0.002, ok=True)
     vit.batch_started(5, [0.3])
@@ -181,27 +181,27 @@ def test_the_batcher_view_updates_the_model_s_metrics_only():
     vit.rejected()
     other.queue_depth(1)
 
-    sizes = histogram(m, "attnserve_batch_size", model="vit")
+    sizes = histogram(m, "attnserve_batch_size", model="vit", version="1")
     assert (sizes["count"], sizes["sum"]) == (2, 8)
     assert sizes["buckets"] == cumulative(BATCH_BUCKETS, [3, 5])
-    waits = histogram(m, "attnserve_queue_wait_seconds", model="vit")
+    waits = histogram(m, "attnserve_queue_wait_seconds", model="vit", version="1")
     assert waits["count"] == 3 and waits["sum"] == pytest.approx(0.305)  # one per request, not per batch
-    compute = histogram(m, "attnserve_compute_seconds", model="vit")
+    compute = histogram(m, "attnserve_compute_seconds", model="vit", version="1")
     assert compute["count"] == 2 and compute["sum"] == pytest.approx(0.012)  # failed batches are timed too
-    assert value(m, "attnserve_images_total", model="vit") == 3  # only the batch that succeeded
-    assert value(m, "attnserve_failed_batches_total", model="vit") == 1
-    assert value(m, "attnserve_queue_images", model="vit") == 2  # a gauge: the latest depth
-    assert value(m, "attnserve_dropped_requests_total", model="vit") == 3
-    assert value(m, "attnserve_rejected_requests_total", model="vit") == 2
+    assert value(m, "attnserve_images_total", model="vit", version="1") == 3  # only the batch that succeeded
+    assert value(m, "attnserve_failed_batches_total", model="vit", version="1") == 1
+    assert value(m, "attnserve_queue_images", model="vit", version="1") == 2  # a gauge: the latest depth
+    assert value(m, "attnserve_dropped_requests_total", model="vit", version="1") == 3
+    assert value(m, "attnserve_rejected_requests_total", model="vit", version="1") == 2
     # the other model's children exist (bound on creation) but saw nothing but its own depth
-    assert value(m, "attnserve_queue_images", model="other") == 1
-    assert value(m, "attnserve_images_total", model="other") == 0
-    assert histogram(m, "attnserve_batch_size", model="other")["count"] == 0
+    assert value(m, "attnserve_queue_images", model="other", version="1") == 1
+    assert value(m, "attnserve_images_total", model="other", version="1") == 0
+    assert histogram(m, "attnserve_batch_size", model="other", version="1")["count"] == 0
 
 
 def test_the_decoder_view_updates_the_translation_metrics():
     m = Metrics()
-    d = m.for_decoder("translator")
+    d = m.for_decoder("translator", "1")
     d.step(rows=4, seconds=0.003, tokens=4)
     d.step(rows=2, seconds=0.002, tokens=2)
     d.occupancy(running=3, waiting=7)
@@ -211,24 +211,25 @@ def test_the_decoder_view_updates_the_translation_metrics():
     d.cancelled()
     d.rejected()
 
-    assert value(m, "attnserve_generated_tokens_total", model="translator") == 6
-    step = histogram(m, "attnserve_decode_step_seconds", model="translator")
+    assert value(m, "attnserve_generated_tokens_total", model="translator", version="1") == 6
+    step = histogram(m, "attnserve_decode_step_seconds", model="translator", version="1")
     assert step["count"] == 2 and step["sum"] == pytest.approx(0.005)
-    rows = histogram(m, "attnserve_decode_step_rows", model="translator")
+    rows = histogram(m, "attnserve_decode_step_rows", model="translator", version="1")
     assert (rows["count"], rows["sum"]) == (2, 6) and rows["buckets"] == cumulative(BATCH_BUCKETS, [4, 2])
-    assert value(m, "attnserve_running_sequences", model="translator") == 1
-    assert value(m, "attnserve_waiting_sequences", model="translator") == 0
-    per_token = histogram(m, "attnserve_time_per_output_token_seconds", model="translator")
+    assert value(m, "attnserve_running_sequences", model="translator", version="1") == 1
+    assert value(m, "attnserve_waiting_sequences", model="translator", version="1") == 0
+    per_token = histogram(m, "attnserve_time_per_output_token_seconds", model="translator", version="1")
     # 0.05 s / 10 tokens, and 0.02 s / max(1, 0 tokens): never a division by zero
     assert per_token["count"] == 2 and per_token["sum"] == pytest.approx(0.005 + 0.02)
     assert per_token["buckets"] == cumulative(LATENCY_BUCKETS, [0.005, 0.02])
-    first = histogram(m, "attnserve_time_to_first_token_seconds", model="translator")
+    first = histogram(m, "attnserve_time_to_first_token_seconds", model="translator", version="1")
     assert first["count"] == 1 and first["sum"] == pytest.approx(0.01)
-    waits = histogram(m, "attnserve_queue_wait_seconds", model="translator")  # shared with the classifiers
+    waits = histogram(m, "attnserve_queue_wait_seconds", model="translator", version="1")  # shared with the classifiers
     assert waits["count"] == 2 and waits["sum"] == pytest.approx(0.006)
-    assert value(m, "attnserve_dropped_requests_total", model="translator") == 1  # a cancelled sentence
-    assert value(m, "attnserve_rejected_requests_total", model="translator") == 1
-    assert value(m, "attnserve_images_total", model="translator") is None  # the classifier-only counters stay out
+    assert value(m, "attnserve_dropped_requests_total", model="translator", version="1") == 1  # a cancelled sentence
+    assert value(m, "attnserve_rejected_requests_total", model="translator", version="1") == 1
+    # the classifier-only counters stay out
+    assert value(m, "attnserve_images_total", model="translator", version="1") is None
 
 
 def test_the_attention_store_view_sets_its_gauges_and_counts_by_reason_and_operation():

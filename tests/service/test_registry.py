@@ -201,9 +201,9 @@ def test_the_served_classifier_answers_the_shipped_samples_through_its_batcher()
     assert order[:, 0].tolist() == classes == [3, 7]
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-9)
     # the batcher reports to this registry's metrics, under the model's name
-    assert samples[key("attnserve_images_total", model="vit")] == 2
-    assert samples[key("attnserve_batch_size_count", model="vit")] == 1
-    assert samples[key("attnserve_batch_size_sum", model="vit")] == 2
+    assert samples[key("attnserve_images_total", model="vit", version="1")] == 2
+    assert samples[key("attnserve_batch_size_count", model="vit", version="1")] == 1
+    assert samples[key("attnserve_batch_size_sum", model="vit", version="1")] == 2
 
 
 def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_recorded():
@@ -231,9 +231,9 @@ def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_rec
     assert result["translation"] == example["greedy"] and result["finished"] is True
     # one decoder step per generated token, plus the step that produced </s>
     steps = len(result["target_tokens"]) + 1
-    assert samples[key("attnserve_generated_tokens_total", model="translator")] == steps
-    assert samples[key("attnserve_decode_step_rows_sum", model="translator")] == steps
-    assert samples[key("attnserve_time_to_first_token_seconds_count", model="translator")] == 1
+    assert samples[key("attnserve_generated_tokens_total", model="translator", version="1")] == steps
+    assert samples[key("attnserve_decode_step_rows_sum", model="translator", version="1")] == steps
+    assert samples[key("attnserve_time_to_first_token_seconds_count", model="translator", version="1")] == 1
 
 
 def test_describe_gives_what_a_client_needs_for_each_model():
@@ -622,13 +622,13 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
             name: sample(registry.metrics, "attnserve_model_ready", model=name, version="1")
             for name in ("vit", "translator")
         }
-        threads_before = sorted(t.name for t in threading.enumerate() if t.name.startswith("ort-vit"))
+        threads_before = sorted(t.name for t in threading.enumerate() if t.name.startswith("ort-vit/1"))
         await registry.close()
         gauges_after = {
             name: sample(registry.metrics, "attnserve_model_ready", model=name, version="1")
             for name in ("vit", "translator")
         }
-        threads_after = [t.name for t in threading.enumerate() if t.name.startswith("ort-vit")]
+        threads_after = [t.name for t in threading.enumerate() if t.name.startswith("ort-vit/1")]
         with pytest.raises(ShuttingDown) as batcher_refused:
             vit.batcher.submit(vit.classifier.preprocessing.stack([pixels[0]]))
         requests = translator.translator.requests(
@@ -653,7 +653,7 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
     before, after, threads_before, threads_after, batcher_refused, scheduler_refused = run(body())
     assert before == {"vit": 1, "translator": 1}
     assert after == {"vit": 0, "translator": 0}
-    assert threads_before == ["ort-vit_0"] and threads_after == []  # model_instances=1: one thread, joined
+    assert threads_before == ["ort-vit/1_0"] and threads_after == []  # model_instances=1: one thread, joined
     assert (batcher_refused.status, batcher_refused.code) == (503, "shutting_down")
-    assert batcher_refused.message == "model vit is shutting down"
-    assert scheduler_refused.message == "model translator is shutting down"
+    assert batcher_refused.message == "model vit/1 is shutting down"
+    assert scheduler_refused.message == "model translator/1 is shutting down"
