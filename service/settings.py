@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     max_source_tokens: int = Field(256, ge=1, description="Translation: longest text in tokens (413 beyond).")
     max_new_tokens: int = Field(256, ge=1, description="Translation: cap on generated tokens per text.")
     max_beam_size: int = Field(8, ge=1, le=64, description="Translation: largest `beam_size` a request may ask for.")
+    cors_origins: tuple[str, ...] = Field(
+        (),
+        description="Origins whose browser pages may call the API (JSON list in the environment, e.g. "
+        '`["https://app.example.com"]`; `["*"]` for any). Empty: no cross-origin calls.',
+    )
     image_formats: tuple[str, ...] = Field(
         DEFAULT_IMAGE_FORMATS, min_length=1, description="Pillow formats accepted (JSON list in the environment)."
     )

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import __version__
 from service.attention.store import create_store
+from service.http.cors import Cors
 from service.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.http.openapi import openapi_document
 from service.http.router import Router
@@ -112,6 +113,8 @@ class App(FastAPI):
         self.routes_table = ROUTES
         stack: ASGIApp = Router(ROUTES)
         stack = BodyLimitMiddleware(stack, max_body_bytes=settings.max_body_bytes)
+        if settings.cors_origins:  # outside the body limit: a preflight has no body, an error answer gets the headers
+            stack = Cors(stack, settings.cors_origins)
         self.stack = RequestContextMiddleware(stack, metrics=self.state.metrics, access_log=settings.access_log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
