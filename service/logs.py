@@ -131,7 +131,9 @@ class AccessLog:
         duration_ms: float,
         client: str | None,
         request_id: str | None,
+        key: str | None = None,
     ) -> None:
+        """One request's line; ``key`` is the fingerprint of its API key (never the key)."""
         logger = self.logger
         if not logger.isEnabledFor(level):
             return
@@ -143,13 +145,20 @@ class AccessLog:
                 method,
                 path,
                 status,
-                extra={"method": method, "path": path, "status": status, "duration_ms": duration_ms, "client": client},
+                extra={
+                    "method": method,
+                    "path": path,
+                    "status": status,
+                    "duration_ms": duration_ms,
+                    "client": client,
+                    **({"key": key} if key else {}),
+                },
             )
             return
         if self._pending and handler is not self._handler:
             self.flush()
         self._handler = handler
-        self._pending.append((time.time(), level, method, path, status, duration_ms, client, request_id))
+        self._pending.append((time.time(), level, method, path, status, duration_ms, client, request_id, key))
         if len(self._pending) >= self.FLUSH_LINES:
             self.flush()
         elif self._timer is None:
@@ -168,9 +177,11 @@ class AccessLog:
         if not entries or handler is None:
             return
         name, lines = self.logger.name, []
-        for created, level, method, path, status, duration_ms, client, request_id in entries:
+        for created, level, method, path, status, duration_ms, client, request_id, key in entries:
             out = _line(created, logging.getLevelName(level), name, f"{method} {path} {status}", request_id)
             out.update(method=method, path=path, status=status, duration_ms=duration_ms, client=client)
+            if key:
+                out["key"] = key
             lines.append(json.dumps(out) + "\n")
         with handler.lock or contextlib.nullcontext():
             handler.stream.write("".join(lines))

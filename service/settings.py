@@ -116,6 +116,15 @@ class Settings(BaseSettings):
     max_source_tokens: int = Field(256, ge=1, description="Translation: longest text in tokens (413 beyond).")
     max_new_tokens: int = Field(256, ge=1, description="Translation: cap on generated tokens per text.")
     max_beam_size: int = Field(8, ge=1, le=64, description="Translation: largest `beam_size` a request may ask for.")
+    api_key_hashes: tuple[str, ...] = Field(
+        (),
+        description="sha256 hex digests of the accepted API keys (JSON list in the environment); set, every route but "
+        "the health probes, the web page's files and the docs requires `Authorization: Bearer <key>`.",
+    )
+    api_key_hashes_file: Path | None = Field(
+        None, description="A file of more accepted key hashes, one per line (a mounted Kubernetes Secret)."
+    )
+    protect_metrics: bool = Field(False, description="With API keys: `/metrics` requires a key too.")
     cors_origins: tuple[str, ...] = Field(
         (),
         description="Origins whose browser pages may call the API (JSON list in the environment, e.g. "
@@ -157,6 +166,14 @@ class Settings(BaseSettings):
         from service.versions import parse_setting
 
         parse_setting(value)  # raises ValueError, which pydantic reports with the field's name
+        return value
+
+    @field_validator("api_key_hashes", mode="after")
+    @classmethod
+    def _hex_digests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from service.http.auth import check_hashes
+
+        check_hashes(value)
         return value
 
     @field_validator("image_formats", mode="after")

@@ -19,6 +19,7 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AttnserveError",
+    "AuthenticationError",
     "BadRequestError",
     "InternalServerError",
     "InvalidFieldError",
@@ -77,6 +78,12 @@ class BadRequestError(APIStatusError):
     status = 400
 
 
+class AuthenticationError(APIStatusError):
+    """401: the service requires an API key (``api_key=`` or ``ATTNSERVE_API_KEY``) and got none, or a wrong one."""
+
+    status = 401
+
+
 class NotFoundError(APIStatusError):
     """404: unknown model, unknown or expired attention id, unknown route."""
 
@@ -129,6 +136,7 @@ _BY_CODE: dict[str, type[APIStatusError]] = {
     **dict.fromkeys(("model_not_found", "attention_not_found", "not_found"), NotFoundError),
     **dict.fromkeys(("body_too_large", "image_too_large", "text_too_long"), PayloadTooLargeError),
     "unsupported_media_type": UnsupportedMediaTypeError,
+    "unauthorized": AuthenticationError,
     "invalid_field": InvalidFieldError,
     **dict.fromkeys(("inference_failed", "internal_error"), InternalServerError),
     "overloaded": OverloadedError,
@@ -138,6 +146,7 @@ _BY_CODE: dict[str, type[APIStatusError]] = {
 }
 _BY_STATUS: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
+    401: AuthenticationError,
     404: NotFoundError,
     413: PayloadTooLargeError,
     415: UnsupportedMediaTypeError,

@@ -33,6 +33,7 @@ class AttentionRecord:
     meta: dict = field(default_factory=dict)  # JSON-able: grid, tokens, labels of the axes, prediction
     image: np.ndarray | None = None  # the model's input pixels (H, W, C) uint8, for overlays
     created_at: float = field(default_factory=time.time)
+    owner: str | None = None  # the fingerprint of the API key that made it; only that key may read it
 
     def __post_init__(self) -> None:
         for name, m in self.maps.items():
@@ -50,6 +51,7 @@ class AttentionRecord:
             "version": self.version,
             "created_at": self.created_at,
             "meta": self.meta,
+            "owner": self.owner,
         }
         arrays = {name: np.ascontiguousarray(m, dtype=np.float32) for name, m in self.maps.items()}
         arrays[_META] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
@@ -67,7 +69,14 @@ class AttentionRecord:
             header = json.loads(arrays.pop(_META).tobytes())
             image = arrays.pop(_IMAGE, None)
             return cls(
-                header["task"], header["model"], header["version"], arrays, header["meta"], image, header["created_at"]
+                header["task"],
+                header["model"],
+                header["version"],
+                arrays,
+                header["meta"],
+                image,
+                header["created_at"],
+                header.get("owner"),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise RecordError(f"not an attention record: {e}") from e

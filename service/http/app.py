@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import __version__
 from service.attention.store import create_store
+from service.http.auth import Keys, read_hashes
 from service.http.cors import Cors
 from service.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.http.openapi import openapi_document
@@ -111,7 +112,8 @@ class App(FastAPI):
         self.state.settings = settings
         self.state.metrics = Metrics()
         self.routes_table = ROUTES
-        stack: ASGIApp = Router(ROUTES)
+        hashes = read_hashes(settings.api_key_hashes, settings.api_key_hashes_file)
+        stack: ASGIApp = Router(ROUTES, Keys(hashes) if hashes else None, settings.protect_metrics)
         stack = BodyLimitMiddleware(stack, max_body_bytes=settings.max_body_bytes)
         if settings.cors_origins:  # outside the body limit: a preflight has no body, an error answer gets the headers
             stack = Cors(stack, settings.cors_origins)

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
 from starlette.types import Receive
 
 from service.errors import InvalidField, InvalidJSON, ServiceError
@@ -56,6 +57,22 @@ def parse_json_body(raw: bytes, schema: type[Schema]) -> Schema:
 def dump_json(body: Any) -> bytes:
     """A response body as compact UTF-8 JSON (numpy scalars and arrays included)."""
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+class KeyedStore:
+    """The attention store as one request sees it: the records it stores belong to its API key."""
+
+    def __init__(self, store: Any, owner: str | None) -> None:
+        self.store, self.owner = store, owner
+
+    async def put(self, record: Any) -> str:
+        record.owner = self.owner
+        return await self.store.put(record)
+
+
+def attention_store(request: Request, store: Any) -> KeyedStore:
+    """Where a request's attention records go: ``store``, owned by the request's key (None: keys are off)."""
+    return KeyedStore(store, request.scope.get("key_id"))
 
 
 WATCH_AFTER_S = 0.02  # an answer not ready by then starts watching for its client's disconnect

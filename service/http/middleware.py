@@ -80,6 +80,7 @@ class RequestContextMiddleware:
                     round(elapsed * 1000, 3),
                     client[0] if client else None,
                     request_id,
+                    scope.get("key_id"),
                 )
             unbind_request_id(token)
 

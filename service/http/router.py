@@ -29,6 +29,7 @@ from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
 from service.errors import ServiceError, error_response, log_server_error
+from service.http.auth import Keys
 from service.http.common import validated
 
 Handler = Callable[..., Awaitable[Response]]
@@ -58,6 +59,7 @@ class Route:
     errors: dict[int, str] = field(default_factory=dict)
     extra_responses: dict[int, dict] = field(default_factory=dict)
     documented: bool = True
+    access: str = "key"  # "key": needs an API key when keys are set; "open": never; "metrics": as /metrics is set
     error_format: ErrorFormat = error_response  # (status, code, message, headers) -> the error answer
 
     @property
@@ -82,10 +84,16 @@ def _status_code_name(status: int) -> str:
 
 
 class Router:
-    """The routes as one ASGI app; ``serving`` is read from ``scope["app"].state`` at each request."""
+    """The routes as one ASGI app; ``serving`` is read from ``scope["app"].state`` at each request.
 
-    def __init__(self, routes: list[Route]) -> None:
+    With ``keys``, a route that needs one is answered 401 without a valid key; the key's fingerprint
+    is kept in ``scope["key_id"]`` for the access log and for the attention records it owns.
+    """
+
+    def __init__(self, routes: list[Route], keys: Keys | None = None, protect_metrics: bool = False) -> None:
         self.routes = routes
+        self.keys = keys
+        self._guarded = {"key", "metrics"} if protect_metrics else {"key"}
         self._exact: dict[str, dict[str, Route]] = {}
         self._patterns: list[tuple[re.Pattern[str], dict[str, Convertor], dict[str, Route]]] = []
         for route in routes:
@@ -130,6 +138,8 @@ class Router:
         scope["path_params"] = params
         request = Request(scope, receive)
         try:
+            if self.keys is not None and route.access in self._guarded:
+                scope["key_id"] = self.keys.check(request.headers.get("authorization"))
             serving = scope["app"].state.serving
             if route.query is None:
                 response = await route.handler(request, serving)

@@ -10,11 +10,42 @@ function status(text, isError = false) {
   $("status").className = isError ? "error" : "";
 }
 
+// With API keys on, the service answers 401 until the page sends one: the page then asks for it and
+// keeps it in this tab only (sessionStorage), never in a cookie or on disk.
+class KeyNeeded extends Error {}
+
+function authed(options = {}) {
+  const key = sessionStorage.getItem("attnserve-key");
+  return key ? { ...options, headers: { ...(options.headers || {}), Authorization: `Bearer ${key}` } } : options;
+}
+
+async function get(path, options) {
+  const r = await fetch(path, authed(options));
+  if (r.status === 401) {
+    $("key-form").hidden = false;
+    throw new KeyNeeded("This service needs an API key: enter it above.");
+  }
+  return r;
+}
+
 async function api(path, options) {
-  const r = await fetch(path, options);
+  const r = await get(path, options);
   const body = await r.json().catch(() => ({}));
   if (!r.ok) throw new Error(body.error ? `${body.error.code}: ${body.error.message}` : `HTTP ${r.status}`);
   return body;
+}
+
+// Images from the API (samples, heatmaps): by URL, or, when the page holds a key (an <img> cannot
+// send one), fetched with it and shown from a blob URL.
+async function showImage(img, path) {
+  if (!sessionStorage.getItem("attnserve-key")) {
+    img.src = path;
+    return;
+  }
+  const r = await get(path);
+  if (!r.ok) throw new Error(`HTTP ${r.status} for ${path}`);
+  if (img.src.startsWith("blob:")) URL.revokeObjectURL(img.src);
+  img.src = URL.createObjectURL(await r.blob());
 }
 
 function fillSelect(select, values, labels = values) {
@@ -79,10 +110,10 @@ async function loadSamples() {
     b.setAttribute("role", "listitem");
     b.title = b.ariaLabel = `Sample: ${s.label}`;
     const img = new Image(56, 56);
-    img.src = s.url;
+    showImage(img, s.url).catch((e) => status(e.message, true));
     img.alt = s.label;
     b.append(img);
-    b.onclick = async () => classify(await (await fetch(s.url)).blob());
+    b.onclick = async () => classify(await (await get(s.url)).blob());
     return b;
   }));
   const marks = { good: ["✓ ", "translates well"], fair: ["", "translates fairly"], poor: ["✗ ", "translates badly"] };
@@ -138,7 +169,7 @@ function updateVitHeatmap() {
     q.set("layer", $("vit-layer").value);
     if ($("vit-head").value !== "") q.set("head", $("vit-head").value);
   }
-  $("vit-heatmap").src = `/attention/${state.vitId}.png?${q}`;
+  showImage($("vit-heatmap"), `/attention/${state.vitId}.png?${q}`).catch((e) => status(e.message, true));
 }
 
 async function translate(event) {
@@ -162,7 +193,7 @@ function updateAlignment() {
   if (!state.trId) return;
   const q = new URLSearchParams({ kind: $("tr-kind").value, layer: $("tr-layer").value });
   if ($("tr-head").value !== "") q.set("head", $("tr-head").value);
-  $("alignment").src = `/attention/${state.trId}.png?${q}`;
+  showImage($("alignment"), `/attention/${state.trId}.png?${q}`).catch((e) => status(e.message, true));
 }
 
 function setUpDrop() {
@@ -183,9 +214,22 @@ document.addEventListener("DOMContentLoaded", async () => {
   ["tr-layer", "tr-head"].forEach((id) => { $(id).onchange = updateAlignment; });
   $("translate-form").onsubmit = translate;
   setUpDrop();
+  $("key-form").onsubmit = (event) => {
+    event.preventDefault();
+    sessionStorage.setItem("attnserve-key", $("key").value.trim());
+    $("key").value = "";
+    $("key-form").hidden = true;
+    start();
+  };
+  await start();
+});
+
+async function start() {
   try {
     await loadModels();
     await loadSamples();
     status("Ready.");
-  } catch (e) { status(`The service is not ready: ${e.message}`, true); }
-});
+  } catch (e) {
+    status(e instanceof KeyNeeded ? e.message : `The service is not ready: ${e.message}`, true);
+  }
+}

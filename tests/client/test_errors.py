@@ -15,6 +15,7 @@ from attnserve_client import (
     APIStatusError,
     APITimeoutError,
     AttnserveError,
+    AuthenticationError,
     BadRequestError,
     InternalServerError,
     InvalidFieldError,
@@ -30,6 +31,7 @@ from tests.client.sdk_testing import Script, error, sse
 
 BY_STATUS = {
     400: BadRequestError,
+    401: AuthenticationError,
     404: NotFoundError,
     405: APIStatusError,
     409: APIStatusError,

@@ -186,7 +186,11 @@ def settings_from(env: dict[str, str], monkeypatch):
 
 
 def attnserve_env(env: dict) -> dict[str, str]:
-    return {k: str(v) for k, v in env.items() if k.startswith("ATTNSERVE_")}
+    """The ATTNSERVE_* variables as the container gets them when the shell sets none: ``${VAR:-default}``
+    interpolated as Compose does."""
+    return {
+        k: re.sub(r"\$\{\w+:-([^}]*)\}", lambda m: m[1], str(v)) for k, v in env.items() if k.startswith("ATTNSERVE_")
+    }
 
 
 def drain_seconds() -> float:

@@ -37,15 +37,20 @@ class Load:
         self.url, self.stop = url, threading.Event()
         self.answers: list[tuple[str, float, int, str | None]] = []  # (route, time, status, version)
         self.image = base64.b64encode(png).decode()
-        self.threads = [threading.Thread(target=self._run, args=(r,)) for r in ("classify", "translate", "classify")]
+        routes = ("classify", "translate", "classify")
+        self.sequences: dict[tuple[int, str], list[str | None]] = {(i, r): [] for i, r in enumerate(routes)}
+        self.threads = [
+            threading.Thread(target=self._run, args=(r, self.sequences[i, r])) for i, r in enumerate(routes)
+        ]
 
-    def _run(self, route: str) -> None:
+    def _run(self, route: str, sequence: list[str | None]) -> None:
         body = {"images": [self.image]} if route == "classify" else {"text": "Open the file."}
         with httpx.Client(timeout=30) as client:
             while not self.stop.is_set():
                 r = client.post(f"{self.url}/{route}", json=body)
                 version = r.json().get("version") if r.status_code == 200 else None
                 self.answers.append((route, time.monotonic(), r.status_code, version))
+                sequence.append(version)  # one client's answers in order: each waits for the one before
 
     def __enter__(self) -> Self:
         for t in self.threads:
@@ -80,10 +85,9 @@ def test_a_new_version_loads_under_load_with_zero_failed_requests_and_the_old_on
         index = client.get_model_repository_index()
     statuses = [s for _, _, s, _ in load.answers]
     assert statuses.count(200) == len(statuses) > 50, {s: statuses.count(s) for s in set(statuses)}  # zero failed
-    for route in ("classify", "translate"):
-        versions = load.versions(route)
+    for (_, route), versions in load.sequences.items():  # each client sees one switch, and never goes back
         switched = versions.index("2")
-        assert set(versions[:switched]) == {"1"} and set(versions[switched:]) == {"2"}  # one switch, never back
+        assert set(versions[:switched]) == {"1"} and set(versions[switched:]) == {"2"}, route
     before = [v for r, t, _, v in load.answers if t < started]
     after = [v for r, t, _, v in load.answers if t > done + 0.1]
     assert set(before) == {"1"} and set(after) == {"2"}
@@ -150,7 +154,10 @@ def test_a_second_load_of_a_busy_model_answers_its_state(repo, tmp_path):
         shutil.move(tmp_path / "v2", repo / "vit" / "2")
         first = threading.Thread(target=lambda: httpx.post(srv.url + "/v2/repository/models/vit/load", timeout=120))
         first.start()
-        time.sleep(0.02)
+        deadline, loading = time.monotonic() + 60, False
+        while not loading and time.monotonic() < deadline:  # until the first load is under way
+            states = {(m["version"], m["status"]) for m in srv.get("/models").json()["models"] if m["name"] == "vit"}
+            loading = any(v == "2" and s in ("pending", "loading", "warming") for v, s in states)
         second = httpx.post(srv.url + "/v2/repository/models/vit/load", timeout=120)
         first.join(120)
         unknown = httpx.post(srv.url + "/v2/repository/models/nope/load")

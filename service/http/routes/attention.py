@@ -39,9 +39,9 @@ class MapsQuery(MapQuery):
     format: Literal["json", "npz"] | None = Field(None, description="Default: JSON, or npz when Accept asks.")
 
 
-async def _record(store: AttentionStore, attention_id: str, ttl_s: int) -> AttentionRecord:
+async def _record(request: Request, store: AttentionStore, attention_id: str, ttl_s: int) -> AttentionRecord:
     record = await store.get(attention_id)
-    if record is None:
+    if record is None or record.owner != request.scope.get("key_id"):  # another key's: as if unknown, no oracle
         raise AttentionNotFound(
             f"no attention maps with id {attention_id!r}: unknown, or expired "
             f"(maps are kept {ttl_s} s, and only on the replica that made them unless "
@@ -54,7 +54,9 @@ async def attention_png(request: Request, serving: Serving, q: MapQuery) -> Resp
     """ViT: `kind=rollout` (default) or `attention` (the class token's row, of `layer` (default: last)
     and `head` (default: mean)), over the input image. Translator: `kind=cross` (default), `encoder`
     or `decoder`, a token-labelled grid of `layer` (default: last) and `head` (default: mean)."""
-    record = await _record(serving.attention, request.path_params["attention_id"], serving.settings.attention_ttl_s)
+    record = await _record(
+        request, serving.attention, request.path_params["attention_id"], serving.settings.attention_ttl_s
+    )
     if record.task == IMAGE_CLASSIFICATION:
         draw = _vit_heatmap(record, q.kind or "rollout", q.layer, q.head, q.fusion)
     else:
@@ -68,7 +70,7 @@ async def attention_maps(request: Request, serving: Serving, q: MapsQuery) -> Re
     slice. `format=npz` (or `Accept: application/x-npz`) answers a NumPy `.npz` archive instead."""
     ttl = serving.settings.attention_ttl_s
     attention_id = request.path_params["attention_id"]
-    record = await _record(serving.attention, attention_id, ttl)
+    record = await _record(request, serving.attention, attention_id, ttl)
     accept = request.headers.get("accept", "")
     if q.format == "npz" or (q.format is None and any(t in accept for t in NPZ_TYPES)):
         body = as_npz(record, attention_id, ttl, q.kind, q.layer, q.head, q.fusion)

@@ -18,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.attention.capture import store_records, vit_record, vit_summary
-from service.attention.store import AttentionStore
 from service.classifier import Classifier
 from service.errors import (
     ImageTooLarge,
@@ -28,7 +27,15 @@ from service.errors import (
     ServiceError,
     UnsupportedMediaType,
 )
-from service.http.common import JSON_TYPE, answer_or_disconnect, dump_json, parse_json_body, validated
+from service.http.common import (
+    JSON_TYPE,
+    KeyedStore,
+    answer_or_disconnect,
+    attention_store,
+    dump_json,
+    parse_json_body,
+    validated,
+)
 from service.http.router import Route
 from service.http.serving import Serving
 from service.images import ImageDecoder
@@ -54,7 +61,8 @@ async def classify(request: Request, serving: Serving) -> Response:
     ranked = await answer_or_disconnect(future, request.receive, future.cancel)
     results = [{"top_k": top} for top in classifier.top_k(ranked, options.top_k)]
     if options.return_attention:  # the batch computed attention, since this request asked for it
-        await attach_attention(results, ranked.attention, rows, classifier, options, serving.attention)
+        store = attention_store(request, serving.attention)
+        await attach_attention(results, ranked.attention, rows, classifier, options, store)
     body = {"model": classifier.name, "version": classifier.version, "results": results}
     return Response(dump_json(body), media_type=JSON_TYPE)
 
@@ -65,7 +73,7 @@ async def attach_attention(
     rows: np.ndarray,
     classifier: Classifier,
     options: ClassifyOptions,
-    store: AttentionStore,
+    store: KeyedStore,
 ) -> None:
     spec = classifier.attention
     assert spec is not None and maps is not None  # _check_options refused the request otherwise

@@ -20,6 +20,6 @@ async def swagger_ui(request: Request, serving: Serving) -> Response:
 
 
 ROUTES = [
-    Route("GET", "/openapi.json", openapi_json, documented=False),
-    Route("GET", "/docs", swagger_ui, documented=False),
+    Route("GET", "/openapi.json", openapi_json, documented=False, access="open"),
+    Route("GET", "/docs", swagger_ui, documented=False, access="open"),
 ]

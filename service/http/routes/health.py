@@ -40,13 +40,14 @@ async def readyz(request: Request, serving: Serving) -> Response:
 
 
 ROUTES = [
-    Route("GET", "/healthz", healthz, summary="Liveness", tags=("health",), response=HealthResponse),
+    Route("GET", "/healthz", healthz, summary="Liveness", tags=("health",), response=HealthResponse, access="open"),
     Route(
         "GET",
         "/readyz",
         readyz,
         summary="Readiness",
         tags=("health",),
+        access="open",
         response=ReadinessResponse,
         extra_responses={503: {"model": NotReadyResponse, "description": "Not ready; `error.message` says why."}},
     ),

@@ -22,6 +22,7 @@ ROUTES = [
         metrics,
         summary="Prometheus metrics",
         tags=("metrics",),
+        access="metrics",
         response={"text/plain": {"schema": {"type": "string"}}},
     )
 ]

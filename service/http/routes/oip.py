@@ -29,7 +29,7 @@ from service import __version__
 from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.errors import InvalidBase64, InvalidField, ModelNotFound, UnsupportedMediaType
 from service.http import oip
-from service.http.common import JSON_TYPE, answer_or_disconnect, dump_json, validated
+from service.http.common import JSON_TYPE, answer_or_disconnect, attention_store, dump_json, validated
 from service.http.router import Route
 from service.http.routes.classify import attach_attention, decode_images
 from service.http.routes.translate import translate_texts
@@ -168,7 +168,9 @@ async def _classify(request: Request, serving: Serving, model: ServedModel, req:
     outputs = []
     for name in _wanted(req, ["probabilities", *(["attention_id"] if attention else [])]):
         if name == "attention_id":
-            outputs.append((name, "BYTES", await _attention_ids(classifier, ranked, pixels, serving, attention)))
+            outputs.append(
+                (name, "BYTES", await _attention_ids(request, classifier, ranked, pixels, serving, attention))
+            )
             continue
         k = req.outputs.get(name, {}).get("classification")
         if not k:
@@ -192,11 +194,14 @@ def _image_bytes(value: bytes, index: int, tensor: oip.Tensor) -> bytes:
         raise InvalidBase64(f"images[{index}]: in JSON, an image is base64 text ({e})") from e
 
 
-async def _attention_ids(classifier, ranked, pixels: np.ndarray, serving: Serving, asked: bool) -> np.ndarray:
+async def _attention_ids(
+    request: Request, classifier, ranked, pixels: np.ndarray, serving: Serving, asked: bool
+) -> np.ndarray:
     if not asked:
         raise InvalidField("output 'attention_id' needs the request parameter return_attention: true")
     results = [{"top_k": top} for top in classifier.top_k(ranked, 1)]
-    await attach_attention(results, ranked.attention, pixels, classifier, ClassifyOptions(), serving.attention)
+    store = attention_store(request, serving.attention)
+    await attach_attention(results, ranked.attention, pixels, classifier, ClassifyOptions(), store)
     return np.array([r.get("attention_id") or "" for r in results], dtype=object)
 
 
@@ -269,9 +274,15 @@ def _routes() -> list[Route]:
     }
     routes = [
         Route("GET", "/v2", server_metadata, summary="Server metadata", **common),
-        Route("GET", "/v2/health/live", server_live, summary="Server liveness", **common),
+        Route("GET", "/v2/health/live", server_live, summary="Server liveness", access="open", **common),
         Route(
-            "GET", "/v2/health/ready", server_ready, summary="Server readiness", errors={503: "Not ready."}, **common
+            "GET",
+            "/v2/health/ready",
+            server_ready,
+            summary="Server readiness",
+            errors={503: "Not ready."},
+            access="open",
+            **common,
         ),
     ]
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

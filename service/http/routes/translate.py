@@ -19,10 +19,9 @@ from starlette.responses import Response, StreamingResponse
 
 from contract.decoding import DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
-from service.attention.store import AttentionStore
 from service.engine.scheduler import Scheduler, Ticket
 from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
-from service.http.common import JSON_TYPE, answer_or_disconnect, parse_json_body
+from service.http.common import JSON_TYPE, KeyedStore, answer_or_disconnect, attention_store, parse_json_body
 from service.http.router import Route
 from service.http.serving import Serving
 from service.registry import ServedModel
@@ -38,7 +37,7 @@ async def translate(request: Request, serving: Serving) -> Response:
     if body.stream:
         translator, scheduler, requests = decode_requests(served, serving.settings, body)
         (ticket,) = scheduler.submit(requests, stream=True)
-        store = serving.attention if body.return_attention else None
+        store = attention_store(request, serving.attention) if body.return_attention else None
         return StreamingResponse(
             _events(ticket, translator, body.num_return_sequences > 1, store),
             media_type="text/event-stream",
@@ -80,7 +79,7 @@ async def translate_texts(request: Request, serving: Serving, served: ServedMode
             t.cancel()
 
     await answer_or_disconnect(asyncio.gather(*(t.future for t in tickets)), request.receive, abandon)
-    store = serving.attention if body.return_attention else None
+    store = attention_store(request, serving.attention) if body.return_attention else None
     return await answer(translator, tickets, body.num_return_sequences > 1, store)
 
 
@@ -97,7 +96,7 @@ async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
     return body
 
 
-async def answer(translator: Translator, tickets: list[Ticket], nbest: bool, store: AttentionStore | None) -> dict:
+async def answer(translator: Translator, tickets: list[Ticket], nbest: bool, store: KeyedStore | None) -> dict:
     results = [translator.result(t.request, nbest) for t in tickets]
     if store is not None:
         await _attach_attention(results, [t.request for t in tickets], translator, store)
@@ -105,7 +104,7 @@ async def answer(translator: Translator, tickets: list[Ticket], nbest: bool, sto
 
 
 async def _attach_attention(
-    results: list[dict], requests: list[DecodeRequest], translator: Translator, store: AttentionStore
+    results: list[dict], requests: list[DecodeRequest], translator: Translator, store: KeyedStore
 ) -> None:
     """The returned hypotheses' attention, computed now (off the event loop), summarised and stored."""
     best = [r.results()[0] for r in requests]
@@ -126,7 +125,7 @@ def _sse(event: str, data: dict) -> bytes:
 
 
 async def _events(
-    ticket: Ticket, translator: Translator, nbest: bool, store: AttentionStore | None
+    ticket: Ticket, translator: Translator, nbest: bool, store: KeyedStore | None
 ) -> AsyncIterator[bytes]:
     """Token events as the scheduler produces them, then the final result; cancels on disconnect."""
     tok = translator.tokenizer

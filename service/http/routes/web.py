@@ -89,8 +89,8 @@ async def sample_file(request: Request, serving: Serving) -> Response:
 
 
 ROUTES = [
-    Route("GET", "/", index, documented=False),
-    Route("GET", "/static/{path:path}", static_file, documented=False),
+    Route("GET", "/", index, documented=False, access="open"),  # the page asks for a key when the API wants one
+    Route("GET", "/static/{path:path}", static_file, documented=False, access="open"),
     Route("GET", "/samples", samples, summary="Sample inputs shipped with the served models", tags=("web page",)),
     Route(
         "GET",

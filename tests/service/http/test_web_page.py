@@ -123,3 +123,29 @@ def test_the_translator_says_what_it_is_for_and_marks_its_samples(page, server):
             "title"
         )
     assert not page.errors
+
+
+def test_with_api_keys_the_page_asks_for_one_and_then_works(page, tmp_path):
+    """The service requires a key: the page shows its key form, and with the key it lists the models,
+    shows the sample images and classifies one, its heatmap fetched with the key."""
+    from service.http.auth import hash_key
+
+    key = "web-page-key-31c9"
+    with serving(tmp_path, ROOT / "models", api_key_hashes=f'["{hash_key(key)}"]') as srv:
+        keyed = page.context.browser.new_page()  # a new tab of the module's browser: its own sessionStorage
+        errors: list[str] = []
+        keyed.on("pageerror", lambda e: errors.append(str(e)))
+        keyed.goto(srv.url + "/")
+        keyed.wait_for_selector("#key-form:not([hidden])")
+        assert "API key" in keyed.inner_text("#status")
+        keyed.fill("#key", key)
+        keyed.click("#key-form button")
+        keyed.wait_for_selector("#samples button")
+        assert "vit v1" in keyed.inner_text("#models")
+        assert keyed.evaluate("sessionStorage.getItem('attnserve-key')") == key
+        keyed.click("#samples button >> nth=0")
+        keyed.wait_for_selector("#topk li")
+        assert loaded_width(keyed, "#vit-heatmap") == render.VIT_SIZE[0]
+        assert keyed.get_attribute("#vit-heatmap", "src").startswith("blob:")
+        keyed.close()
+    assert not errors
