@@ -24,7 +24,7 @@ from tests.service.service_testing import serving
 
 KEY_A, KEY_B, KEY_C = "key-a-5f1c2b", "key-b-77d0e4", "key-c-from-a-secret-file"
 SAMPLE = ROOT / "models" / "vit" / "1" / "sample-9-ankle-boot.png"
-OPEN = {"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/", "/static/{path:path}", "/docs", "/openapi.json", "/metrics"}  # fmt: skip
+OPEN = {"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/", "/static/{path:path}", "/docs", "/redoc", "/docs/assets/{path:path}", "/openapi.json", "/metrics"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -149,3 +149,33 @@ def test_with_api_keys_the_page_asks_for_one_and_then_works(page, tmp_path):
         assert keyed.get_attribute("#vit-heatmap", "src").startswith("blob:")
         keyed.close()
     assert not errors
+
+
+REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"  # ReDoc's own footer logo: blocked, nothing else needs it
+
+
+@pytest.mark.parametrize(
+    ("path", "rendered", "asked_outside"),
+    [
+        ("/docs", ".swagger-ui .opblock", []),
+        ("/redoc", "h2:has-text('Classify one or more images')", [REDOC_LOGO]),
+    ],
+)
+def test_the_api_docs_render_with_every_outside_request_blocked(page, server, path, rendered, asked_outside):
+    """As on an air-gapped cluster: the page and everything it needs come from the service itself."""
+    offline = page.context.browser.new_page()
+    outside: list[str] = []
+
+    def only_the_service(route) -> None:
+        if route.request.url.startswith(server.url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    offline.route("**/*", only_the_service)
+    offline.goto(server.url + path)
+    offline.wait_for_selector(rendered, timeout=30_000)
+    assert "classify" in offline.inner_text("body").lower()
+    offline.close()
+    assert sorted(set(outside)) == asked_outside  # no script, style or font from a CDN
