@@ -5,6 +5,7 @@ BIN     := $(VENV)/bin
 PROFILE ?= default
 MODELS  ?= models
 FMNIST  ?= /usr/share/datasets/fashion-mnist
+AVERAGE ?= 8# export-translator: average the weights of the last N epochs (0: the best epoch)
 RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
@@ -51,7 +52,7 @@ train: install-dev  ## train the ViT (PROFILE=default|tiny)
 	$(BIN)/python -m model.train_vit --profile $(PROFILE)
 
 export: install-dev  ## export the trained ViT into $(MODELS)/vit/1 (parity-checked)
-	$(BIN)/python -m export.vit --checkpoint checkpoints/vit-$(PROFILE)/best.pt --repository $(MODELS) --version 1 --force
+	$(BIN)/python -m export.vit --checkpoint checkpoints/vit-$(PROFILE)/best.pt --repository $(MODELS) --version 2 --force --average $(AVERAGE)
 
 corpus: install-dev  ## English-German corpus from Debian packages + its SentencePiece tokenizer (data/translation)
 	$(BIN)/python -m model.translation.corpus --out data/translation
@@ -60,8 +61,8 @@ corpus: install-dev  ## English-German corpus from Debian packages + its Sentenc
 train-translator: install-dev  ## train the translator (PROFILE=default|tiny; resume with ARGS=--resume)
 	$(BIN)/python -m model.train_translator --profile $(PROFILE) $(ARGS)
 
-export-translator: install-dev  ## export the trained translator into $(MODELS)/translator/1 (parity-checked)
-	$(BIN)/python -m export.translator --checkpoint checkpoints/translator-$(PROFILE)/best.pt --repository $(MODELS) --version 1 --force
+export-translator: install-dev  ## export the trained translator into $(MODELS)/translator/2 (parity-checked, last 8 epochs averaged)
+	$(BIN)/python -m export.translator --checkpoint checkpoints/translator-$(PROFILE)/best.pt --repository $(MODELS) --version 2 --force --average $(AVERAGE)
 
 models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 

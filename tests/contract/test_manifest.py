@@ -18,7 +18,7 @@ from contract.manifest import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-VIT, TRANSLATOR = ROOT / "models" / "vit" / "1", ROOT / "models" / "translator" / "1"
+VIT, TRANSLATOR = ROOT / "models" / "vit" / "1", ROOT / "models" / "translator" / "2"
 
 
 def raw(entry: Path) -> dict:

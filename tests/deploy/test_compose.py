@@ -116,7 +116,7 @@ def test_api_settings_are_real_settings(services, name, monkeypatch):
     source, target, mode = re.sub(r"\$\{MODELS_DIR:-([^}]+)\}", r"\1", volume).split(":")
     assert target == str(settings.model_repository) and mode == "ro"
     assert (ROOT / source / "vit" / "1" / "manifest.json").is_file()
-    assert (ROOT / source / "translator" / "1" / "manifest.json").is_file()
+    assert (ROOT / source / "translator" / "2" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize("name", ["api", "api-cpu"])

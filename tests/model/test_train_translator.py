@@ -61,6 +61,7 @@ def test_a_run_stopped_mid_epoch_resumes_where_it_stopped(tiny_translation_data,
         (["--data", "{data}", "--max-tokens", "8"], "max-tokens >= max-length"),
         (["--data", "{empty}"], "holds no sentence pairs"),
         (["--data", "{data}", "--out", "{tmp}/new", "--resume"], "does not exist"),
+        (["--data", "{data}", "--device", "gpu0"], "device 'gpu0' is not usable here"),
     ],
 )
 def test_cli_errors_are_one_clear_line(args, message, tiny_translation_data, tmp_path):

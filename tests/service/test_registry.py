@@ -31,7 +31,8 @@ from service.translator import Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models"
-VIT, TRANSLATOR = SHIPPED / "vit" / "1", SHIPPED / "translator" / "1"
+VIT, TRANSLATOR = SHIPPED / "vit" / "1", SHIPPED / "translator" / "2"
+VERSIONS = {"vit": VIT.name, "translator": TRANSLATOR.name}
 CPU = "CPUExecutionProvider"
 CLASSIFY, TRANSLATE = "image-classification", "translation"
 
@@ -138,7 +139,7 @@ def registry_log():
 def linked_translator(tmp_path) -> Path:
     """A repository root holding the shipped translator (linked); tests add a ViT entry of their own."""
     root = tmp_path / "models"
-    derive(TRANSLATOR, root / "translator" / "1")
+    derive(TRANSLATOR, root / "translator" / TRANSLATOR.name)
     return root
 
 
@@ -167,24 +168,24 @@ def test_the_shipped_repository_loads_every_model_ready_with_its_provider_and_ga
 
     registry, models, readiness, servable, samples, parts = run(body())
     assert models == {
-        "translator": ("translator", "1", TRANSLATE, Status.READY, None, CPU),
+        "translator": ("translator", "2", TRANSLATE, Status.READY, None, CPU),
         "vit": ("vit", "1", CLASSIFY, Status.READY, None, CPU),
     }
     assert registry.loaded and registry.repository_error is None
     assert readiness == (True, [])
-    assert servable == ["translator/1", "vit/1"]
+    assert servable == ["translator/2", "vit/1"]
     (t_seconds, t_cls, t_batcher, t_tr, t_sched), (v_seconds, v_cls, v_batcher, v_tr, v_sched) = parts
     assert t_cls is None and t_batcher is None and t_tr is not None and t_sched is not None
     assert v_cls is not None and v_batcher is not None and v_tr is None and v_sched is None
     assert 0 < t_seconds < 60 and 0 < v_seconds < 60
     for name in ("translator", "vit"):
-        assert samples[key("attnserve_model_provider_info", model=name, version="1", provider=CPU)] == 1
-        assert samples[key("attnserve_model_ready", model=name, version="1")] == 1
+        assert samples[key("attnserve_model_provider_info", model=name, version=VERSIONS[name], provider=CPU)] == 1
+        assert samples[key("attnserve_model_ready", model=name, version=VERSIONS[name])] == 1
     assert sample(registry.metrics, "attnserve_model_ready", model="vit", version="1") == 0  # after close()
     ready_lines = [
         r.getMessage() for r in registry_log if r.levelno == logging.INFO and r.getMessage().startswith("ready: ")
     ]
-    assert ready_lines == [f"ready: translator/1 on {CPU}, vit/1 on {CPU}"]
+    assert ready_lines == [f"ready: translator/2 on {CPU}, vit/1 on {CPU}"]
 
 
 def test_the_served_classifier_answers_the_shipped_samples_through_its_batcher():
@@ -208,7 +209,7 @@ def test_the_served_classifier_answers_the_shipped_samples_through_its_batcher()
 
 def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_recorded():
     example = manifest_of(TRANSLATOR)["evaluation"]["examples"][2]
-    assert example["source"] == "Which team will kick off?"
+    assert example["source"] == "She used to eat more."
 
     async def body():
         async with loaded(SHIPPED) as registry:
@@ -231,9 +232,9 @@ def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_rec
     assert result["translation"] == example["greedy"] and result["finished"] is True
     # one decoder step per generated token, plus the step that produced </s>
     steps = len(result["target_tokens"]) + 1
-    assert samples[key("attnserve_generated_tokens_total", model="translator", version="1")] == steps
-    assert samples[key("attnserve_decode_step_rows_sum", model="translator", version="1")] == steps
-    assert samples[key("attnserve_time_to_first_token_seconds_count", model="translator", version="1")] == 1
+    assert samples[key("attnserve_generated_tokens_total", model="translator", version=TRANSLATOR.name)] == steps
+    assert samples[key("attnserve_decode_step_rows_sum", model="translator", version=TRANSLATOR.name)] == steps
+    assert samples[key("attnserve_time_to_first_token_seconds_count", model="translator", version=TRANSLATOR.name)] == 1
 
 
 def test_describe_gives_what_a_client_needs_for_each_model():
@@ -259,7 +260,7 @@ def test_describe_gives_what_a_client_needs_for_each_model():
     }
     assert described["translator"] == {
         "name": "translator",
-        "version": "1",
+        "version": TRANSLATOR.name,
         "task": TRANSLATE,
         "status": "ready",
         "reason": None,
@@ -306,7 +307,7 @@ def test_get_resolves_names_task_defaults_and_refuses_what_it_cannot_serve():
         return out
 
     out = run(body())
-    assert out["default classifier"] == "vit/1" and out["default translator"] == "translator/1"
+    assert out["default classifier"] == "vit/1" and out["default translator"] == "translator/2"
     assert out["by name"] == "vit/1"
     assert out["unknown"] == (404, "model_not_found", "no model named 'nope' (loaded models: translator, vit)")
     assert out["wrong task"] == (
@@ -365,14 +366,14 @@ def test_a_corrupted_file_fails_its_model_with_the_sha256_reason_and_the_other_m
     assert reason.startswith(f"{path}: sha256 mismatch (manifest ")
     assert reason.endswith("the file is corrupted or was replaced without re-exporting")
     assert (manifest, classifier, batcher, provider) == (None, None, None, None)
-    assert translator_status is Status.READY and translator_key == "translator/1"
+    assert translator_status is Status.READY and translator_key == "translator/2"
     assert readiness == (False, [f"vit/1: failed ({reason})"])
     assert (refused.status, refused.code) == (503, "model_not_ready")
     assert refused.message == f"model vit/1 is failed: {reason}"
     assert refused.headers == {"Retry-After": "7"}
     assert described["status"] == "failed" and described["reason"] == reason
     assert described["created_at"] is None and "input" not in described and "max_batch_size" not in described
-    assert key("attnserve_model_ready", model="translator", version="1") in samples
+    assert key("attnserve_model_ready", model="translator", version=TRANSLATOR.name) in samples
     assert not any(name == "attnserve_model_provider_info" and ("model", "vit") in labels for name, labels in samples)
     (error,) = [r for r in registry_log if r.levelno == logging.ERROR and "failed to load" in r.getMessage()]
     assert error.getMessage() == f"model vit/1 failed to load and will not be served: {reason}"
@@ -462,7 +463,7 @@ def test_an_unreadable_manifest_fails_before_the_task_is_known(linked_translator
     assert vit.status is Status.FAILED and vit.task is None
     assert vit.reason.startswith(f"{entry / 'manifest.json'}: not valid JSON (")
     assert readiness == (False, [f"vit/1: failed ({vit.reason})"])
-    assert servable == ["translator/1"]
+    assert servable == ["translator/2"]
     assert refused == f"model vit/1 is failed: {vit.reason}"
 
 
@@ -606,7 +607,7 @@ def test_stop_loading_before_load_leaves_every_model_unstarted_and_not_ready():
 
     models, readiness, refused, ready_gauge = run(body())
     assert models == {"translator": (Status.WARMING, None, None), "vit": (Status.WARMING, None, None)}
-    assert readiness == (False, ["translator/1: warming", "vit/1: warming"])
+    assert readiness == (False, ["translator/2: warming", "vit/1: warming"])
     assert refused == "model vit/1 is warming"
     assert ready_gauge is None  # never set: no model became ready
 
@@ -619,13 +620,13 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
         await registry.load()
         vit, translator = registry.get("vit"), registry.get("translator", TRANSLATE)
         gauges_before = {
-            name: sample(registry.metrics, "attnserve_model_ready", model=name, version="1")
+            name: sample(registry.metrics, "attnserve_model_ready", model=name, version=VERSIONS[name])
             for name in ("vit", "translator")
         }
         threads_before = sorted(t.name for t in threading.enumerate() if t.name.startswith("ort-vit/1"))
         await registry.close()
         gauges_after = {
-            name: sample(registry.metrics, "attnserve_model_ready", model=name, version="1")
+            name: sample(registry.metrics, "attnserve_model_ready", model=name, version=VERSIONS[name])
             for name in ("vit", "translator")
         }
         threads_after = [t.name for t in threading.enumerate() if t.name.startswith("ort-vit/1")]
@@ -656,4 +657,4 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
     assert threads_before == ["ort-vit/1_0"] and threads_after == []  # model_instances=1: one thread, joined
     assert (batcher_refused.status, batcher_refused.code) == (503, "shutting_down")
     assert batcher_refused.message == "model vit/1 is shutting down"
-    assert scheduler_refused.message == "model translator/1 is shutting down"
+    assert scheduler_refused.message == "model translator/2 is shutting down"
