@@ -45,6 +45,12 @@ class InvalidMultipart(ServiceError):
     status, code = 400, "invalid_multipart"
 
 
+class InvalidTimeout(ServiceError):
+    """``X-Request-Timeout`` or the OIP ``timeout`` parameter is not a positive number."""
+
+    status, code = 400, "invalid_timeout"
+
+
 class ModelNotFound(ServiceError):
     status, code = 404, "model_not_found"
 
@@ -97,6 +103,13 @@ class InferenceFailed(ServiceError):
     """The batch this request was part of failed inside onnxruntime; its batch-mates got the same."""
 
     status, code = 500, "inference_failed"
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed before its answer was ready: it was dropped from its queue before
+    compute, or left the running decode batch at the next step."""
+
+    status, code = 504, "deadline_exceeded"
 
 
 def error_body(code: str, message: str) -> bytes:

@@ -50,6 +50,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.deadline_exceeded_requests = Counter(
+            "attnserve_deadline_exceeded_requests",
+            "Requests answered 504 `deadline_exceeded` (or streams ended by that `error` event), by route template.",
+            ["route"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "attnserve_queue_wait_seconds",
             "Time a request waited in its model's queue before its batch ran.",
@@ -77,7 +83,8 @@ class Metrics:
         )
         self.dropped = Counter(
             "attnserve_dropped_requests",
-            "Requests dropped before compute because their client went away.",
+            "Requests dropped before compute, or decoding cut short, because their client went away or their "
+            "deadline passed.",
             ["model", "version"],
             registry=r,
         )
@@ -182,6 +189,9 @@ class Metrics:
             self._request_children[(route, method, status)] = children
         children[0].inc()
         children[1].observe(seconds)
+
+    def deadline_exceeded(self, route: str) -> None:
+        self.deadline_exceeded_requests.labels(route).inc()
 
     def for_model(self, model: str, version: str) -> ModelMetrics:
         return ModelMetrics(self, model, version)

@@ -19,6 +19,7 @@ MiB = 1 << 20
 # Hard ceilings no configuration may exceed: past these a single request can exhaust the machine.
 MAX_BODY_CEILING = 512 * MiB
 MAX_PIXELS_CEILING = 178_956_970  # twice Pillow's own decompression-bomb threshold
+MAX_TIMEOUT_S = 86_400.0  # a day: no request needs longer, and a deadline must stay a number a timer can take
 
 GraphOptimization = Literal["disabled", "basic", "extended", "all"]
 ExecutionProvider = Literal["auto", "cuda", "cpu"]
@@ -116,6 +117,22 @@ class Settings(BaseSettings):
     max_source_tokens: int = Field(256, ge=1, description="Translation: longest text in tokens (413 beyond).")
     max_new_tokens: int = Field(256, ge=1, description="Translation: cap on generated tokens per text.")
     max_beam_size: int = Field(8, ge=1, le=64, description="Translation: largest `beam_size` a request may ask for.")
+
+    # --- deadlines ----------------------------------------------------------------------------
+    request_timeout_s: float = Field(
+        60.0,
+        gt=0.0,
+        le=MAX_TIMEOUT_S,
+        description="Deadline of a request that asks for none, from its arrival: past it, it leaves its queue or "
+        "decode batch and gets 504 `deadline_exceeded`.",
+    )
+    max_request_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        le=MAX_TIMEOUT_S,
+        description="Longest deadline a request may ask for (`X-Request-Timeout` seconds, or the OIP `timeout` "
+        "parameter); a longer one is cut to this.",
+    )
     api_key_hashes: tuple[str, ...] = Field(
         (),
         description="sha256 hex digests of the accepted API keys (JSON list in the environment); set, every route but "
@@ -201,6 +218,10 @@ class Settings(BaseSettings):
             problems.append("max_beam_size must not exceed max_running_sequences: a beam runs in one batch")
         if self.max_waiting_sequences < self.max_beam_size * self.max_texts_per_request:
             problems.append("max_waiting_sequences must hold one full request (max_texts_per_request x max_beam_size)")
+        if self.request_timeout_s > self.max_request_timeout_s:
+            problems.append(
+                "request_timeout_s must not exceed max_request_timeout_s, the longest a request may ask for"
+            )
         if self.require_gpu and self.execution_provider == "cpu":
             problems.append("require_gpu contradicts execution_provider='cpu'")
         unknown = sorted(set(self.image_formats) - _pillow_formats())

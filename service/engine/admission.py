@@ -2,15 +2,16 @@
 
 Each engine (``batching.Batcher`` for classification, ``scheduler.Scheduler`` for translation) owns
 one ``Admission``: it refuses new work once the engine is closing (503 ``shutting_down``), turns a
-full queue into 503 ``overloaded`` with ``Retry-After`` (and counts the rejection), and names the
-error every request of a failed onnxruntime run receives (500 ``inference_failed``).
+full queue into 503 ``overloaded`` with ``Retry-After`` (and counts the rejection), names the error
+every request of a failed onnxruntime run receives (500 ``inference_failed``) and the one a request
+gets when its deadline passes first (504 ``deadline_exceeded``).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from service.errors import InferenceFailed, Overloaded, ShuttingDown
+from service.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 
 
 class RejectionObserver(Protocol):
@@ -41,3 +42,6 @@ class Admission:
 
     def failed(self) -> InferenceFailed:
         return InferenceFailed(f"inference failed in model {self.name}; see the server log")
+
+    def deadline_exceeded(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"the request's deadline passed before model {self.name} answered it")

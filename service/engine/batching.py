@@ -13,6 +13,9 @@ every request for batch-mates that never come. Instead:
   load the wait is about one compute time, and batches grow with the load;
 - a free instance waits (at most ``max_queue_delay``) only while another batch computes and other
   requests are known to be on their way: received by the HTTP layer but not yet queued (``Intake``).
+
+A request may carry a deadline: when it passes, the request is answered 504 at once, and the queue
+drops it before compute (as it drops a request whose client went away).
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ class BatchState:
     """FIFO of pending requests, bounded in images, cut into batches of whole requests.
 
     A request is never split: its images run together, so its answer comes from one run. Requests
-    whose client went away (``abandoned``) are removed when a batch is formed, before any compute.
+    whose client went away or whose deadline passed (``abandoned``) are removed when a batch is
+    formed, before any compute.
     """
 
     def __init__(self, max_batch_size: int, max_queued: int) -> None:
@@ -172,8 +176,10 @@ class Pending:
     rows: np.ndarray  # (n, ...) the request's input rows
     future: asyncio.Future
     attention: bool = False  # this request wants the model's attention outputs too
+    deadline: float | None = None  # time.monotonic() by which it must be answered
     enqueued_at: float = field(default_factory=time.perf_counter)
     request_id: str | None = field(default_factory=current_request_id)  # to name it in the worker's logs
+    timer: asyncio.TimerHandle | None = None  # answers 504 at the deadline
 
     @property
     def size(self) -> int:
@@ -181,7 +187,10 @@ class Pending:
 
     @property
     def abandoned(self) -> bool:
-        return self.future.done()  # cancelled by the handler when its client disconnected
+        """Its future is done (cancelled by the handler when its client disconnected, or failed at the
+        deadline), or the deadline passed: the instance threads read the clock too, so a request is
+        not computed past its deadline because the event loop was late to fire its timer."""
+        return self.future.done() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
 
 def _same(x: Any) -> Any:
@@ -275,14 +284,20 @@ class Batcher:
             await asyncio.to_thread(thread.join)
         await asyncio.sleep(0)  # the last batches' answers were handed to the loop: deliver them
 
-    def submit(self, rows: np.ndarray, attention: bool = False, prepared: bool = False) -> asyncio.Future:
+    def submit(
+        self, rows: np.ndarray, attention: bool = False, prepared: bool = False, deadline: float | None = None
+    ) -> asyncio.Future:
         """Queue one request's rows (``prepared``: already what ``prepare`` makes of rows); the future
         resolves to its output rows or a ``ServiceError``. Cancelling the future (client gone) removes
-        the request before it is computed.
+        the request before it is computed; so does its ``deadline`` (``time.monotonic()``) passing,
+        which fails the future with 504 ``deadline_exceeded``.
         """
         self._admission.check_open()
-        future = asyncio.get_running_loop().create_future()
-        item = Pending(rows if prepared else self._prepare(rows), future, attention)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise self._admission.deadline_exceeded()  # spent already (a slow body): it never takes a slot
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        item = Pending(rows if prepared else self._prepare(rows), future, attention, deadline)
         with self._lock:
             try:
                 gone = self._state.admit(item)
@@ -296,10 +311,18 @@ class Batcher:
                 self._wake(self._gathering)
             else:
                 self._wake(self._idle[-1:])
+        if deadline is not None:
+            item.timer = loop.call_later(deadline - time.monotonic(), self._expire, item)
         if gone:
             self._observer.dropped(len(gone))
         self._observer.queue_depth(queued)
         return future
+
+    def _expire(self, item: Pending) -> None:
+        """The deadline passed: answer now. A queued request is dropped before compute; one whose batch is
+        computing already is not waited for."""
+        if not item.future.done():
+            item.future.set_exception(self._admission.deadline_exceeded())
 
     def _notify(self) -> None:
         """A request left the HTTP intake: a thread waiting for batch-mates looks again."""
@@ -404,6 +427,9 @@ class Batcher:
     def _deliver(self, batch: list[Pending], abandoned: list[Pending], started: float, ended: float, out: Any) -> None:
         images = sum(p.size for p in batch)
         observer = self._observer
+        for p in batch:
+            if p.timer is not None:
+                p.timer.cancel()
         if abandoned:
             observer.dropped(len(abandoned))
         observer.batch_started(images, [started - p.enqueued_at for p in batch])

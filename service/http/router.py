@@ -28,9 +28,10 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
-from service.errors import ServiceError, error_response, log_server_error
+from service.errors import DeadlineExceeded, ServiceError, error_response, log_server_error
 from service.http.auth import Keys
 from service.http.common import validated
+from service.http.deadlines import count_exceeded
 
 Handler = Callable[..., Awaitable[Response]]
 ErrorFormat = Callable[[int, str, str, "dict[str, str] | None"], Response]
@@ -147,6 +148,8 @@ class Router:
                 response = await route.handler(request, serving, validated(route.query, dict(request.query_params)))
         except ServiceError as e:
             log_server_error(e)
+            if isinstance(e, DeadlineExceeded):
+                count_exceeded(scope)
             response = route.error_format(e.status, e.code, e.message, e.headers)
         except HTTPException as e:
             code = HTTP_CODES.get(e.status_code) or _status_code_name(e.status_code)

@@ -52,6 +52,7 @@ def cumulative(bounds, observations) -> dict[float, int]:
 EXPORTED = {
     "attnserve_http_requests": ("counter", {"route", "method", "status"}),
     "attnserve_http_request_duration_seconds": ("histogram", {"route", "method"}),
+    "attnserve_deadline_exceeded_requests": ("counter", {"route"}),
     "attnserve_queue_wait_seconds": ("histogram", {"model", "version"}),
     "attnserve_compute_seconds": ("histogram", {"model", "version"}),
     "attnserve_batch_size": ("histogram", {"model", "version"}),
@@ -80,6 +81,7 @@ EXPORTED = {
 def touch_everything(m: Metrics) -> None:
     """One update of every metric, through the API the service uses for it."""
     m.observe_request("/classify", "POST", 200, 0.001)
+    m.deadline_exceeded("/classify")
     batcher = m.for_model("vit", "1")
     batcher.batch_started(1, [0.001])
     batcher.batch_finished(1, 0.001, ok=True)
@@ -143,6 +145,15 @@ def test_observe_request_counts_by_route_method_and_status_and_times_by_route_an
     assert h["buckets"][0.00025] == 0 and h["buckets"][0.0005] == 2 and h["buckets"][0.25] == 2
     assert h["buckets"][0.5] == 3
     assert histogram(m, "attnserve_http_request_duration_seconds", route="unmatched", method="GET")["count"] == 1
+
+
+def test_deadlines_exceeded_are_counted_by_route_template():
+    m = Metrics()
+    m.deadline_exceeded("/classify")
+    m.deadline_exceeded("/translate")
+    m.deadline_exceeded("/translate")
+    assert value(m, "attnserve_deadline_exceeded_requests_total", route="/classify") == 1
+    assert value(m, "attnserve_deadline_exceeded_requests_total", route="/translate") == 2
 
 
 def test_histograms_use_the_latency_or_the_batch_buckets():

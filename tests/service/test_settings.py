@@ -42,6 +42,8 @@ def test_reads_the_environment(monkeypatch):
         ({"require_gpu": True, "execution_provider": "cpu"}, "contradicts"),
         ({"max_beam_size": 16, "max_running_sequences": 8}, "a beam runs in one batch"),
         ({"max_waiting_sequences": 100}, "one full request"),
+        ({"request_timeout_s": 120, "max_request_timeout_s": 60}, "request_timeout_s must not exceed"),
+        ({"request_timeout_s": 0}, "request_timeout_s"),
         ({"image_formats": ("PNG", "NOTAFORMAT")}, "NOTAFORMAT"),
         ({"port": 0}, "port"),
         ({"max_batch_size": 0}, "max_batch_size"),

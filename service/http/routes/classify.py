@@ -3,7 +3,8 @@
 One handler for both encodings, so both share validation, decoding and batching exactly and can
 never disagree. The handler decodes the images, then queues them on the model's batcher, which
 normalises them as they are queued, runs onnxruntime on an instance thread and ranks each batch
-on the event loop; if the client disconnects meanwhile, its request is dropped before compute.
+on the event loop; if the client disconnects or the request's deadline passes meanwhile, it is
+dropped before compute.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from service.http.common import (
     parse_json_body,
     validated,
 )
+from service.http.deadlines import request_deadline
 from service.http.router import Route
 from service.http.serving import Serving
 from service.images import ImageDecoder
@@ -49,6 +51,7 @@ FORM_OPTION_FIELDS = ("top_k", "model", "return_attention", "rollout_fusion")
 async def classify(request: Request, serving: Serving) -> Response:
     """Top-k labels with softmax scores for each image, in request order."""
     registry, settings, decoder = serving.registry, serving.settings, serving.decoder
+    deadline = request_deadline(request, settings)
     with registry.intake.receiving():
         images, options = await _read_request(request, settings)
         served = registry.get(options.model)
@@ -57,7 +60,7 @@ async def classify(request: Request, serving: Serving) -> Response:
             raise RuntimeError(f"model {served.key} is ready without a session")
         _check_options(options, classifier, settings)
         rows = await decode_images(images, classifier, decoder)
-        future = batcher.submit(rows, attention=options.return_attention)
+        future = batcher.submit(rows, attention=options.return_attention, deadline=deadline)
     ranked = await answer_or_disconnect(future, request.receive, future.cancel)
     results = [{"top_k": top} for top in classifier.top_k(ranked, options.top_k)]
     if options.return_attention:  # the batch computed attention, since this request asked for it
@@ -208,13 +211,14 @@ ROUTES = [
         },
         response=ClassifyResponse,
         errors={
-            400: "Undecodable image, invalid base64, JSON or multipart body.",
+            400: "Undecodable image, invalid base64, JSON or multipart body, invalid `X-Request-Timeout`.",
             404: "Unknown model.",
             413: "Body or image too large (bytes or pixels).",
             415: "Content type is neither JSON nor multipart.",
             422: "Invalid field (top_k out of range, too many images, ...).",
             500: "Inference failed; the request id identifies it in the logs.",
             503: "Queue full or model not ready; see `Retry-After`.",
+            504: "The request's deadline passed before its answer was ready.",
         },
     )
 ]

@@ -14,12 +14,15 @@ overload answers the same (503 with ``Retry-After``); errors have the protocol's
   ``num_return_sequences``, ``max_new_tokens`` as on ``POST /translate``.
 - ``return_attention: true`` (request parameter) adds ``attention_id`` (BYTES [N]): ids that
   ``GET /attention/{id}`` serves.
+- ``timeout`` (request parameter, microseconds, as Triton's clients send it) shortens the request's
+  deadline as ``X-Request-Timeout`` does (``service/http/deadlines.py``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import time
 
 import numpy as np
 from starlette.requests import Request
@@ -30,6 +33,7 @@ from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.errors import InvalidBase64, InvalidField, ModelNotFound, UnsupportedMediaType
 from service.http import oip
 from service.http.common import JSON_TYPE, answer_or_disconnect, attention_store, dump_json, validated
+from service.http.deadlines import oip_timeout, request_deadline
 from service.http.router import Route
 from service.http.routes.classify import attach_attention, decode_images
 from service.http.routes.translate import translate_texts
@@ -111,15 +115,17 @@ def _tensor(name: str, datatype: str, shape: list[int]) -> dict:
 
 async def infer(request: Request, serving: Serving) -> Response:
     """Run the model on the request's inputs; JSON or binary tensors, as the request asks."""
+    arrived = time.monotonic()
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise UnsupportedMediaType("compressed inference requests are not accepted; send them uncompressed")
     model = _served(serving, request)
     with serving.registry.intake.receiving():
         req = oip.read_request(await request.body(), request.headers.get(oip.HEADER_LENGTH))
+        deadline = request_deadline(request, serving.settings, oip_timeout(req.parameters), arrived=arrived)
         if model.task == TRANSLATION:
             outputs = await _translate(request, serving, model, req)
         else:
-            outputs = await _classify(request, serving, model, req)
+            outputs = await _classify(request, serving, model, req, deadline)
     return oip.write_response(req, model.name, model.version, outputs)
 
 
@@ -141,7 +147,9 @@ def _wanted(req: oip.InferRequest, available: list[str]) -> list[str]:
     return list(req.outputs)
 
 
-async def _classify(request: Request, serving: Serving, model: ServedModel, req: oip.InferRequest) -> list:
+async def _classify(
+    request: Request, serving: Serving, model: ServedModel, req: oip.InferRequest, deadline: float
+) -> list:
     classifier, batcher, settings = model.classifier, model.batcher, serving.settings
     assert classifier is not None and batcher is not None  # a ready classifier has both
     tensor = _one_input(req, ("images", "pixels"), model.name)
@@ -155,7 +163,7 @@ async def _classify(request: Request, serving: Serving, model: ServedModel, req:
             raise InvalidField("input 'images' is BYTES [N]: one encoded image file per row")
         files = [_image_bytes(v, i, tensor) for i, v in enumerate(tensor.data)]
         rows = pixels = await decode_images(files, classifier, serving.decoder)
-        future = batcher.submit(rows, attention=attention)
+        future = batcher.submit(rows, attention=attention, deadline=deadline)
     else:
         if tensor.datatype != "FP32" or list(tensor.shape[1:]) != list(classifier.input_shape):
             raise InvalidField(f"input 'pixels' is FP32 [N, {', '.join(map(str, classifier.input_shape))}]")
@@ -163,7 +171,7 @@ async def _classify(request: Request, serving: Serving, model: ServedModel, req:
         if not np.isfinite(rows).all():
             raise InvalidField("input 'pixels' holds NaN or infinite values")
         pixels = classifier.preprocessing.denormalize(rows) if attention else rows
-        future = batcher.submit(rows, attention=attention, prepared=True)
+        future = batcher.submit(rows, attention=attention, prepared=True, deadline=deadline)
     ranked = await answer_or_disconnect(future, request.receive, future.cancel)
     outputs = []
     for name in _wanted(req, ["probabilities", *(["attention_id"] if attention else [])]):
@@ -263,10 +271,11 @@ def _routes() -> list[Route]:
     errors = {404: "No such model or version.", 503: "Not ready, or the queue is full (`Retry-After`)."}
     infer_errors = {
         **errors,
-        400: "Invalid JSON.",
+        400: "Invalid JSON, or an invalid `timeout` parameter or `X-Request-Timeout`.",
         413: "Body too large.",
         415: "Compressed body.",
         422: "Inputs, outputs or parameters the model cannot take.",
+        504: "The request's deadline passed before its answer was ready.",
     }
     body = {
         JSON_TYPE: {"schema": {"type": "object", "required": ["inputs"]}},

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from service.engine.batching import Batcher, BatchState, Intake, QueueFull
-from service.errors import InferenceFailed, Overloaded, ShuttingDown
+from service.engine.batching import Batcher, BatchState, Intake, Pending, QueueFull
+from service.errors import DeadlineExceeded, InferenceFailed, Overloaded, ShuttingDown
 
 
 @dataclass
@@ -327,6 +328,72 @@ def test_requests_whose_clients_left_give_their_queue_space_to_new_ones():
     model, result = asyncio.run(scenario())
     assert np.array_equal(result, rows(8, 8))
     assert all(2 not in b and 3 not in b for b in model.batches)
+
+
+class DropCounter:
+    """Counts the batcher observer's ``dropped`` events; the other events are not under test here."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def dropped(self, requests: int) -> None:
+        self.requests += requests
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_a_queued_request_past_its_deadline_is_answered_504_at_once_and_never_computed():
+    counter = DropCounter()
+
+    async def scenario():
+        model = Doubler()
+        batcher = make_batcher(model, max_batch_size=2, max_queue_images=4, observer=counter)
+        batcher.start()
+        model.gate.clear()
+        running = batcher.submit(rows(1, 1))
+        await asyncio.to_thread(model.entered.wait, 30)
+        late = batcher.submit(rows(2, 2), deadline=time.monotonic() + 0.05)
+        queued = batcher.submit(rows(3, 3))  # the queue is full, the late request in it...
+        with pytest.raises(DeadlineExceeded):
+            await late  # ...answered while the model is still held
+        admitted = batcher.submit(rows(4, 4))  # ...and its space goes to a new request
+        model.gate.set()
+        await asyncio.gather(running, queued, admitted)
+        await batcher.stop()
+        return model
+
+    model = asyncio.run(asyncio.wait_for(scenario(), timeout=20))
+    assert all(2 not in b for b in model.batches)
+    assert sum(len(b) for b in model.batches) == 6
+    assert counter.requests == 1
+
+
+def test_a_spent_deadline_never_takes_a_queue_slot():
+    async def scenario():
+        batcher = make_batcher(Doubler())
+        batcher.start()
+        with pytest.raises(DeadlineExceeded):
+            batcher.submit(rows(1), deadline=time.monotonic() - 0.001)
+        queued = batcher.queued_images
+        await batcher.stop()
+        return queued
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_the_queue_reads_the_clock_itself_so_a_late_timer_cannot_let_a_request_run_past_its_deadline():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        state = BatchState(max_batch_size=4, max_queued=8)
+        spent = Pending(rows(1), loop.create_future(), deadline=time.monotonic() - 0.001)  # its timer has not fired
+        kept = Pending(rows(2), loop.create_future(), deadline=time.monotonic() + 60)
+        state.admit(spent)
+        state.admit(kept)
+        return state.take(), spent, kept
+
+    (batch, dropped), spent, kept = asyncio.run(scenario())
+    assert batch == [kept] and dropped == [spent]
 
 
 def test_stop_fails_what_is_still_queued_instead_of_leaving_it_hanging():
