@@ -8,7 +8,9 @@ one starts at the next step instead of after the whole batch. Encoder and decode
 one dedicated thread, never on the event loop. A beam-search request takes ``beam`` rows.
 
 A request whose client went away is marked ``cancelled`` by its handler and leaves the batch at the
-next step, freeing its rows. A decoder failure fails the requests in that batch and nothing else.
+next step, freeing its rows (a beam all of them). So does a request whose deadline passed, marked by
+a timer that answers it 504 at once; one still waiting never reaches the encoder. A decoder failure
+fails the requests in that batch and nothing else.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class Ticket:
     request: DecodeRequest
     future: asyncio.Future
     events: asyncio.Queue | None = None
+    deadline: float | None = None  # time.monotonic() by which it must be answered
+    timer: asyncio.TimerHandle | None = None  # answers 504 at the deadline
     enqueued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     first_token_at: float | None = None
@@ -58,6 +62,9 @@ class Ticket:
 
     def cancel(self) -> None:
         self.request.cancelled = True
+
+    def past_deadline(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
 
 class Scheduler:
@@ -88,16 +95,26 @@ class Scheduler:
         self._task: asyncio.Task | None = None
 
     # ---- handle side -----------------------------------------------------------------------------
-    def submit(self, requests: list[DecodeRequest], stream: bool = False) -> list[Ticket]:
-        """Queue all of a HTTP request's sentences, or none of them (503 when the queue is full)."""
+    def submit(
+        self, requests: list[DecodeRequest], stream: bool = False, deadline: float | None = None
+    ) -> list[Ticket]:
+        """Queue all of a HTTP request's sentences, or none of them (503 when the queue is full).
+
+        Past ``deadline`` (``time.monotonic()``) each ticket is failed with 504 ``deadline_exceeded``
+        and its sentence leaves the queue, or the running batch at the next step."""
         self._admission.check_open()
+        if deadline is not None and time.monotonic() >= deadline:
+            raise self._admission.deadline_exceeded()  # spent already (a slow body): it never takes a row
         rows = sum(r.beam for r in requests)
         if any(r.beam > self.max_running_rows for r in requests):
             raise InvalidField(f"beam_size exceeds the {self.max_running_rows} rows this model decodes at once")
         if self.waiting_rows + rows > self.max_waiting_rows:
             raise self._admission.overloaded(self.waiting_rows, self.max_waiting_rows, "sequences")
         loop = asyncio.get_running_loop()
-        tickets = [Ticket(r, loop.create_future(), asyncio.Queue() if stream else None) for r in requests]
+        tickets = [Ticket(r, loop.create_future(), asyncio.Queue() if stream else None, deadline) for r in requests]
+        if deadline is not None:
+            for t in tickets:
+                t.timer = loop.call_later(deadline - time.monotonic(), self._expire, t)
         self._waiting.extend(tickets)
         self.waiting_rows += rows
         self._observer.occupancy(self.running_rows, self.waiting_rows)
@@ -145,10 +162,15 @@ class Scheduler:
         return bool(self._waiting)
 
     def _admit(self) -> list[Ticket]:
-        """Waiting tickets that fit the rows free now, in FIFO order; cancelled ones are dropped."""
+        """Waiting tickets that fit the rows free now, in FIFO order; cancelled ones are dropped, and so
+        are those past their deadline whose timer the event loop has not fired yet."""
         joining: list[Ticket] = []
+        now = time.monotonic()
         while self._waiting:
             head = self._waiting[0]
+            if head.past_deadline(now):
+                self._expire(head)
+                continue
             if head.request.cancelled:
                 self._waiting.popleft()
                 self.waiting_rows -= head.request.beam
@@ -293,7 +315,22 @@ class Scheduler:
             ticket.streamed = len(tokens)
             ticket.events.put_nowait(list(tokens))
 
+    def _expire(self, ticket: Ticket) -> None:
+        """The deadline passed: answer 504 now. A waiting sentence leaves the queue at once, its rows
+        free for others; a running one leaves the batch at the next step."""
+        ticket.cancel()
+        if not ticket.future.done():
+            self._fail([ticket], self._admission.deadline_exceeded())
+        if ticket in self._waiting:
+            self._waiting.remove(ticket)
+            self.waiting_rows -= ticket.request.beam
+            self._observer.cancelled()
+            self._resolve(ticket)
+            self._observer.occupancy(self.running_rows, self.waiting_rows)
+
     def _resolve(self, ticket: Ticket) -> None:
+        if ticket.timer is not None:
+            ticket.timer.cancel()
         if ticket.events is not None:
             ticket.events.put_nowait(None)
         if not ticket.future.done():
@@ -301,7 +338,11 @@ class Scheduler:
 
     def _fail(self, tickets: list[Ticket], error: Exception) -> None:
         for t in tickets:
+            if t.timer is not None:
+                t.timer.cancel()
             if t.events is not None:
                 t.events.put_nowait(error)
             if not t.future.done():
                 t.future.set_exception(error)
+                if t.events is not None:
+                    t.future.exception()  # a stream reads the error from its events; nobody awaits this future

@@ -123,7 +123,7 @@ async def infer(request: Request, serving: Serving) -> Response:
         req = oip.read_request(await request.body(), request.headers.get(oip.HEADER_LENGTH))
         deadline = request_deadline(request, serving.settings, oip_timeout(req.parameters), arrived=arrived)
         if model.task == TRANSLATION:
-            outputs = await _translate(request, serving, model, req)
+            outputs = await _translate(request, serving, model, req, deadline)
         else:
             outputs = await _classify(request, serving, model, req, deadline)
     return oip.write_response(req, model.name, model.version, outputs)
@@ -213,7 +213,9 @@ async def _attention_ids(
     return np.array([r.get("attention_id") or "" for r in results], dtype=object)
 
 
-async def _translate(request: Request, serving: Serving, model: ServedModel, req: oip.InferRequest) -> list:
+async def _translate(
+    request: Request, serving: Serving, model: ServedModel, req: oip.InferRequest, deadline: float
+) -> list:
     tensor = _one_input(req, ("text",), model.name)
     if tensor.datatype != "BYTES" or len(tensor.shape) != 1:
         raise InvalidField("input 'text' is BYTES [N]: one UTF-8 text per row")
@@ -225,7 +227,7 @@ async def _translate(request: Request, serving: Serving, model: ServedModel, req
         raise InvalidField(f"input 'text' is not UTF-8: {e}") from e
     options = {k: v for k, v in req.parameters.items() if k in DECODING_PARAMETERS}
     body = validated(TranslateRequest, {"texts": texts, "model": model.name, **options})
-    result = await translate_texts(request, serving, model, body)
+    result = await translate_texts(request, serving, model, body, deadline)
     rows = result["results"]
     outputs = []
     for name in _wanted(req, ["translation", *(["attention_id"] if body.return_attention else [])]):

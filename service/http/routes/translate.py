@@ -1,11 +1,11 @@
 """``POST /translate``: English text in, German out, decoded by the model's continuous-batching scheduler.
 
 The handler validates and tokenises on the event loop (cheap), queues one decoding request per text
-and waits; if the client disconnects meanwhile its requests are cancelled and leave the running
-batch at the next step. With ``stream: true`` the answer is ``text/event-stream``: a ``token``
-event per generated token (greedy decoding; beam search only knows its best hypothesis at the
-end), then one ``done`` event with the same result a non-streamed request gets, or an ``error``
-event if decoding fails after the stream began.
+and waits; if the client disconnects or the request's deadline passes meanwhile, its requests leave
+the running batch at the next step. With ``stream: true`` the answer is ``text/event-stream``: a
+``token`` event per generated token (greedy decoding; beam search only knows its best hypothesis at
+the end), then one ``done`` event with the same result a non-streamed request gets, or an ``error``
+event if decoding fails or the deadline passes after the stream began.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Scope
 
 from contract.decoding import DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.engine.scheduler import Scheduler, Ticket
-from service.errors import InvalidField, ServiceError, UnsupportedMediaType, error_body
+from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.http.common import JSON_TYPE, KeyedStore, answer_or_disconnect, attention_store, parse_json_body
+from service.http.deadlines import count_exceeded, request_deadline
 from service.http.router import Route
 from service.http.serving import Serving
 from service.registry import ServedModel
@@ -32,18 +34,19 @@ from service.translator import TASK, Limits, Translator
 
 async def translate(request: Request, serving: Serving) -> Response:
     """One result per text, in request order; `stream: true` answers server-sent events instead."""
+    deadline = request_deadline(request, serving.settings)
     body = await _read_body(request, serving.settings)
     served = serving.registry.get(body.model, TASK)
     if body.stream:
         translator, scheduler, requests = decode_requests(served, serving.settings, body)
-        (ticket,) = scheduler.submit(requests, stream=True)
+        (ticket,) = scheduler.submit(requests, stream=True, deadline=deadline)
         store = attention_store(request, serving.attention) if body.return_attention else None
         return StreamingResponse(
-            _events(ticket, translator, body.num_return_sequences > 1, store),
+            _events(ticket, translator, body.num_return_sequences > 1, store, request.scope),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    result = await translate_texts(request, serving, served, body)
+    result = await translate_texts(request, serving, served, body, deadline)
     return Response(json.dumps(result, ensure_ascii=False).encode(), media_type=JSON_TYPE)
 
 
@@ -69,10 +72,12 @@ def decode_requests(
     return translator, scheduler, requests
 
 
-async def translate_texts(request: Request, serving: Serving, served: ServedModel, body: TranslateRequest) -> dict:
-    """Decode every text of ``body`` on ``served``'s scheduler: the answer of a non-streamed request."""
+async def translate_texts(
+    request: Request, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
+) -> dict:
+    """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed request."""
     translator, scheduler, requests = decode_requests(served, serving.settings, body)
-    tickets = scheduler.submit(requests)
+    tickets = scheduler.submit(requests, deadline=deadline)
 
     def abandon() -> None:
         for t in tickets:
@@ -125,7 +130,7 @@ def _sse(event: str, data: dict) -> bytes:
 
 
 async def _events(
-    ticket: Ticket, translator: Translator, nbest: bool, store: KeyedStore | None
+    ticket: Ticket, translator: Translator, nbest: bool, store: KeyedStore | None, scope: Scope
 ) -> AsyncIterator[bytes]:
     """Token events as the scheduler produces them, then the final result; cancels on disconnect."""
     tok = translator.tokenizer
@@ -135,6 +140,8 @@ async def _events(
             if item is None:
                 break
             if isinstance(item, Exception):
+                if isinstance(item, DeadlineExceeded):
+                    count_exceeded(scope)
                 error = item if isinstance(item, ServiceError) else None
                 yield (
                     b"event: error\ndata: "
@@ -163,13 +170,14 @@ ROUTES = [
             "text/event-stream": {"schema": {"type": "string", "description": "With `stream: true`."}},
         },
         errors={
-            400: "Invalid JSON.",
+            400: "Invalid JSON, or an invalid `X-Request-Timeout`.",
             404: "Unknown model, or not a translation model.",
             413: "Body or text too long.",
             415: "Content type is not JSON.",
             422: "Invalid field (beam_size above the limit, too many texts, ...).",
             500: "Decoding failed; the request id identifies it in the logs.",
             503: "Queue full or model not ready; see `Retry-After`.",
+            504: "The request's deadline passed before its answer was ready (a stream ends with an `error` event).",
         },
     )
 ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
 from contract.decoding import DecodeRequest
 from service.engine.scheduler import Scheduler
-from service.errors import InferenceFailed, InvalidField, Overloaded
+from service.errors import DeadlineExceeded, InferenceFailed, InvalidField, Overloaded
 from tests.contract.test_decoding import EOS, LONG, SPEC, TRAP, A, B, bigram_graphs
 
 
@@ -161,3 +163,95 @@ def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeyp
     assert counter.steps == [(1, 1)] * 40  # every step observed, one row, one token each
     # the encoder and the first 16 steps in one hop, then 16-step hops until it finishes: ceil(40 / 16) = 3, not 40
     assert len(hops) == -(-40 // module.MAX_STEPS_PER_HOP)
+
+
+class GatedTranslator(BigramTranslator):
+    """Records each encoded batch's first source tokens; its decoder steps wait while the gate is shut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.gate.set()
+        self.encoded: list[int] = []
+
+    def encoder(self, feeds):
+        self.encoded += feeds["src_ids"][:, 0].tolist()
+        return super().encoder(feeds)
+
+    def decoder(self, feeds):
+        self.entered.set()
+        self.gate.wait(timeout=10)
+        return super().decoder(feeds)
+
+
+def soon(seconds: float = 0.05) -> float:
+    return time.monotonic() + seconds
+
+
+def test_a_running_beam_past_its_deadline_is_answered_at_once_and_leaves_with_all_its_rows_at_the_next_step():
+    translator, counter = GatedTranslator(), StepCounter()
+
+    async def body(sched):
+        translator.gate.clear()
+        (beam,) = sched.submit([DecodeRequest([B, EOS], 40, beam=4)], deadline=soon())
+        (other,) = sched.submit([DecodeRequest([B, EOS], 30)])
+        await asyncio.to_thread(translator.entered.wait, 10)  # both run, held in their first step
+        with pytest.raises(DeadlineExceeded):
+            await beam.future  # answered while the step is still held
+        held = sched.state()
+        translator.gate.set()
+        return held, await other.future, sched.state()
+
+    held, other, after = run(with_scheduler(body, translator, observer=counter))
+    assert held["running_rows"] == 5  # the step in flight is the beam's last
+    assert [rows for rows, _ in counter.steps] == [5] + [1] * 29  # then only the other sentence's row
+    assert len(other.results()[0].tokens) == 30
+    assert after["running_rows"] == 0 and after["running_sequences"] == 0
+
+
+def test_a_waiting_request_past_its_deadline_leaves_the_queue_at_once_and_is_never_encoded():
+    translator = GatedTranslator()
+
+    async def body(sched):
+        translator.gate.clear()
+        (running,) = sched.submit([DecodeRequest([B, EOS], 10, beam=4)])  # takes every row
+        await asyncio.to_thread(translator.entered.wait, 10)
+        (late,) = sched.submit([DecodeRequest([A, EOS], 10)], deadline=soon())
+        with pytest.raises(DeadlineExceeded):
+            await late.future
+        waiting = sched.state()["waiting_rows"]
+        translator.gate.set()
+        await running.future
+        return waiting
+
+    assert run(with_scheduler(body, translator, max_running_rows=4)) == 0
+    assert translator.encoded == [B]  # the late request's source never reached the encoder
+
+
+def test_a_stream_past_its_deadline_gets_the_error_as_its_last_event():
+    translator = GatedTranslator()
+
+    async def body(sched):
+        translator.gate.clear()
+        (ticket,) = sched.submit([DecodeRequest([B, EOS], 40)], stream=True, deadline=soon())
+        event = await ticket.events.get()
+        translator.gate.set()
+        await wait_until_idle(sched)
+        return event
+
+    assert isinstance(run(with_scheduler(body, translator)), DeadlineExceeded)
+
+
+def test_a_spent_deadline_never_takes_a_row():
+    async def body(sched):
+        with pytest.raises(DeadlineExceeded):
+            sched.submit([DecodeRequest([A, EOS], 10)], deadline=time.monotonic() - 0.001)
+        return sched.state()
+
+    state = run(with_scheduler(body))
+    assert state["waiting_rows"] == 0 and state["running_rows"] == 0
+
+
+async def wait_until_idle(sched) -> None:
+    while not sched.idle:
+        await asyncio.sleep(0.01)

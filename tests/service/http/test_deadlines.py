@@ -1,15 +1,17 @@
-"""Deadlines end to end: uvicorn in a thread serving the shipped models, the model held still by a gate.
+"""Deadlines end to end: uvicorn in a thread serving the shipped models, held still or slowed down.
 
-A request past its deadline gets 504 ``deadline_exceeded`` and never reaches the model; the client
-sets the deadline with ``X-Request-Timeout`` (or the OIP ``timeout`` parameter) within the cap. The
-real onnxruntime run is wrapped with a gate (``GatedRun``), so "queued behind a busy model" is
-reached without sleeping and hoping; every timing below is a bound the answer must respect, never
-a speed the machine must reach.
+A request past its deadline gets 504 ``deadline_exceeded``: a queued one never reaches the model, a
+translation leaves the running batch (a stream ends with an ``error`` event); the client sets the
+deadline with ``X-Request-Timeout`` (or the OIP ``timeout`` parameter) within the cap. The real
+onnxruntime run is wrapped with a gate (``GatedRun``) and the real decoder step with a delay, so
+"queued behind a busy model" and "still decoding" are reached without sleeping and hoping: every
+time below is a bound the answer must respect, never a speed the machine must reach.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,28 +28,58 @@ from tests.service.test_serving_states import GatedRun
 
 SHIPPED = ROOT / "models"
 SAMPLES = sorted(SHIPPED.glob("vit/*/sample-*.png"))
+LONG_TEXT = (
+    "Select the cells that you want to format, then choose Format - Cells and set the font, the borders "
+    "and the background colour of the selected cells in the dialog that opens."
+)
+STEP_DELAY_S = 0.2  # each decoder step of the slowed translator takes at least this long
+
+
+def shipped(tmp_path_factory, name: str) -> Path:
+    """A repository of one shipped model alone (linked): nothing else to load and warm up."""
+    repo = tmp_path_factory.mktemp(f"deadlines-{name}") / "models"
+    repo.mkdir()
+    (repo / name).symlink_to(SHIPPED / name, target_is_directory=True)
+    return repo
+
+
+def app(repository: Path, **overrides):
+    from service.http.app import create_app
+    from service.settings import Settings
+
+    base = {k.removeprefix("ATTNSERVE_").lower(): v for k, v in BASE_ENV.items()}
+    return create_app(Settings(**{"model_repository": repository, **base, **overrides}))
 
 
 @pytest.fixture(scope="module")
 def vit_repository(tmp_path_factory) -> Path:
-    """A repository of the shipped ViT alone (linked): nothing else to load and warm up."""
-    repo = tmp_path_factory.mktemp("deadlines") / "models"
-    repo.mkdir()
-    (repo / "vit").symlink_to(SHIPPED / "vit", target_is_directory=True)
-    return repo
+    return shipped(tmp_path_factory, "vit")
 
 
 @pytest.fixture
 def serve(vit_repository):
-    """Factory: ``with serve(**settings) as srv:`` serves a fresh app on the ViT, ready."""
-    from service.http.app import create_app
-    from service.settings import Settings
+    """Factory: ``with serve(**settings) as srv:`` serves a fresh app on the ViT."""
+    return lambda **overrides: ThreadServer(app(vit_repository, **overrides))
 
-    def make(repository: Path = vit_repository, **overrides) -> ThreadServer:
-        base = {k.removeprefix("ATTNSERVE_").lower(): v for k, v in BASE_ENV.items()}
-        return ThreadServer(create_app(Settings(**{"model_repository": repository, **base, **overrides})))
 
-    return make
+@pytest.fixture(scope="module")
+def slow_translator(tmp_path_factory):
+    """The shipped translator alone, each decoder step behind a delay: a long sentence takes seconds to
+    decode however fast the machine is."""
+    from service.engine import scheduler
+
+    real = scheduler.step
+
+    def slow_step(batch, decoder, spec):
+        time.sleep(STEP_DELAY_S)
+        return real(batch, decoder, spec)
+
+    limits = {"max_running_sequences": 8, "max_waiting_sequences": 8, "max_beam_size": 4, "max_texts_per_request": 2}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scheduler, "step", slow_step)
+        with ThreadServer(app(shipped(tmp_path_factory, "translator"), **limits)) as srv:
+            srv.wait_ready()
+            yield srv
 
 
 @pytest.fixture
@@ -152,3 +184,71 @@ def test_the_oip_timeout_parameter_in_microseconds_bounds_an_inference(serve, ga
     assert late.value.status() == "504" and "deadline" in late.value.message()
     assert [r.status_code for r in bad] == [400] * 4 and all("timeout" in r.json()["error"] for r in bad)
     assert metric_value(text, "attnserve_deadline_exceeded_requests_total", route="/v2/models/{name}/infer") == 1
+
+
+def decoding_stopped(srv) -> bool:
+    """Nothing runs or waits in the translator's scheduler, by its own account and by the metrics'."""
+    models = httpx.get(srv.url + "/models").json()["models"]
+    scheduler = next(m for m in models if m["name"] == "translator")["scheduler"]
+    text = srv.get("/metrics").text
+    gauges = [metric_value(text, f"attnserve_{kind}_sequences", model="translator") for kind in ("running", "waiting")]
+    return scheduler["running_sequences"] == scheduler["waiting_sequences"] == 0 and gauges == [0, 0]
+
+
+def translator_counts(srv) -> dict[str, float]:
+    text = srv.get("/metrics").text
+    return {
+        "tokens": metric_value(text, "attnserve_generated_tokens_total", model="translator"),
+        "dropped": metric_value(text, "attnserve_dropped_requests_total", model="translator"),
+        "finished": metric_value(text, "attnserve_time_per_output_token_seconds_count", model="translator"),
+    }
+
+
+def test_a_long_beam_search_past_its_deadline_gets_504_stops_and_frees_its_rows(slow_translator):
+    srv, before = slow_translator, translator_counts(slow_translator)
+    body = {"text": LONG_TEXT, "beam_size": 4, "max_new_tokens": 200}  # dozens of steps: >= 5 s
+    r = httpx.post(srv.url + "/translate", json=body, headers={"X-Request-Timeout": "1.5"}, timeout=60)
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["code"] == "deadline_exceeded"
+    wait_until(lambda: decoding_stopped(srv), timeout=30, what="the beam to leave the running batch")
+    after = translator_counts(srv)
+    assert after["tokens"] > before["tokens"]  # it was decoding when its deadline passed...
+    assert after["dropped"] == before["dropped"] + 1  # ...and left the batch cut short,
+    assert after["finished"] == before["finished"]  # not finished
+    assert metric(srv, "attnserve_deadline_exceeded_requests_total", route="/translate") >= 1
+
+
+def test_a_streamed_translation_past_its_deadline_ends_with_an_error_event(slow_translator):
+    srv, before = slow_translator, translator_counts(slow_translator)
+    body = {"text": LONG_TEXT, "stream": True, "max_new_tokens": 200}
+    events, kind = [], None
+    with httpx.stream("POST", srv.url + "/translate", json=body, headers={"X-Request-Timeout": "1.5"}, timeout=60) as r:
+        assert r.status_code == 200  # the stream began before the deadline
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line.removeprefix("data: "))))
+    assert [k for k, _ in events[:-1]] == ["token"] * (len(events) - 1)
+    assert events[-1] == (
+        "error",
+        {"error": {"code": "deadline_exceeded", "message": events[-1][1]["error"]["message"]}},
+    )
+    wait_until(lambda: decoding_stopped(srv), timeout=30, what="the stream to leave the running batch")
+    assert translator_counts(srv)["dropped"] == before["dropped"] + 1
+
+
+def test_the_oip_timeout_parameter_bounds_a_translation(slow_translator):
+    srv = slow_translator
+    counted = metric(srv, "attnserve_deadline_exceeded_requests_total", route="/v2/models/{name}/infer")
+    client = triton.InferenceServerClient(srv.url.removeprefix("http://"))
+    text = triton.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([LONG_TEXT], dtype=object))
+    try:
+        with pytest.raises(InferenceServerException) as late:
+            client.infer("translator", [text], parameters={"beam_size": 4}, timeout=1_500_000)
+    finally:
+        client.close()
+    assert late.value.status() == "504"
+    wait_until(lambda: decoding_stopped(srv), timeout=30, what="the translation to leave the running batch")
+    assert metric(srv, "attnserve_deadline_exceeded_requests_total", route="/v2/models/{name}/infer") == counted + 1
