@@ -10,7 +10,7 @@ RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator models serve lint test test-all bench docs clean
+.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator int8 models serve lint test test-all bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +63,10 @@ train-translator: install-dev  ## train the translator (PROFILE=default|tiny; re
 
 export-translator: install-dev  ## export the trained translator into $(MODELS)/translator/2 (parity-checked, last 8 epochs averaged)
 	$(BIN)/python -m export.translator --checkpoint checkpoints/translator-$(PROFILE)/best.pt --repository $(MODELS) --version 2 --force --average $(AVERAGE)
+
+int8: install-dev data  ## int8 variants of the shipped models beside them, with their measured quality (translator: make corpus first)
+	$(BIN)/python -m export.quantize --entry $(MODELS)/vit/1 --force
+	$(BIN)/python -m export.quantize --entry $(MODELS)/translator/2 --data data/translation --force
 
 models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 

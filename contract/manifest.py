@@ -141,6 +141,14 @@ class DecodingSpec(Section):
     length_penalty: float = 1.0
 
 
+class Variant(Section):
+    """A variant of another entry (export/quantize.py): its precision and the entry it was made from."""
+
+    precision: str
+    method: str
+    from_: str = Field(alias="from")
+
+
 class Manifest(Section):
     """One ``manifest.json``; the sections a task needs are required for that task."""
 
@@ -162,6 +170,7 @@ class Manifest(Section):
     samples: list[dict[str, Any]] = []
     evaluation: dict[str, Any] = {}
     training: dict[str, Any] = {}
+    variant: Variant | None = None  # absent: the model as trained (fp32)
 
     @field_validator("version", mode="before")
     @classmethod

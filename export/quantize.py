@@ -1,11 +1,16 @@
-"""Optional int8 variant of an exported classifier: onnxruntime dynamic quantisation of MatMul weights.
+"""int8 variants of exported entries: onnxruntime dynamic quantisation of the MatMul/Gemm weights.
 
-It is written as its own entry (``<name>-int8/<version>``) with its own measured accuracy and its
-agreement with the fp32 graph, so nobody ships it without seeing what it costs.
+``python -m export.quantize --entry models/translator/2 [--data data/translation]`` (or a ViT entry,
+with ``--data`` the Fashion-MNIST folder) writes ``<name>-int8/<version>``: every graph of the fp32
+entry quantised (weights int8, activations quantised per batch at run time, so the key/value cache
+stays fp32), its quality measured on the same test split as fp32 in the same run, and its agreement
+with fp32. A variant that loses more than ``MAX_BLEU_LOSS`` BLEU (beam search) or
+``MAX_ACCURACY_LOSS`` accuracy points is refused: nobody ships it without seeing what it costs.
 """
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -13,57 +18,187 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from contract.manifest import read_manifest
+from contract.decoding import DecoderSpec, session_fn
+from contract.manifest import IMAGE_CLASSIFICATION, TRANSLATION, Manifest, load_entry, read_manifest
+from contract.tokenizer import Tokenizer
 from export.common import StagedEntry, cpu_session, max_abs_diff, now_iso
+from model.cli import CliError, run_cli
 
 INPUT, LOGITS = "pixel_values", "logits"
+METHOD = "onnxruntime dynamic quantisation (MatMul/Gemm weights int8, activations per batch)"
+MAX_BLEU_LOSS = 0.5  # BLEU points, beam search, whole test split
+MAX_ACCURACY_LOSS = 0.003  # accuracy (0.3 points), whole test split
+
+
+class VariantRefused(CliError):
+    """The int8 variant costs more quality than allowed."""
+
+
+def quantize_graphs(fp32_entry: Path, manifest: dict, out: Path) -> None:
+    for graph in manifest["graphs"].values():
+        quantize_dynamic(
+            str(fp32_entry / graph["file"]),
+            str(out / graph["file"]),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Gemm"],
+        )
+    keep = {g["file"] for g in manifest["graphs"].values()}
+    for file in manifest["files"]:  # tokenizer, samples: copied as they are
+        if file not in keep:
+            shutil.copy(fp32_entry / file, out / file)
+
+
+def variant_manifest(manifest: dict, name: str, version: str, evaluation: dict) -> dict:
+    new = {k: v for k, v in manifest.items() if k not in ("schema_version", "files")}
+    new.update(
+        name=name,
+        version=version,
+        created_at=now_iso(),
+        evaluation=evaluation,
+        variant={"precision": "int8", "method": METHOD, "from": f"{manifest['name']}/{manifest['version']}"},
+    )
+    return new
+
+
+# ---- classifiers ---------------------------------------------------------------------------------
+
+
+def classifier_logits(path: Path, x: np.ndarray) -> np.ndarray:
+    s = cpu_session(path)
+    return np.concatenate([s.run([LOGITS], {INPUT: x[i : i + 500]})[0] for i in range(0, len(x), 500)])
+
+
+def classifier_evaluation(fp32_entry: Path, int8_entry: Path, manifest: dict, x: np.ndarray, y: np.ndarray) -> dict:
+    ref, got = classifier_logits(fp32_entry / "model.onnx", x), classifier_logits(int8_entry / "model.onnx", x)
+    accuracy, fp32_accuracy = float((got.argmax(-1) == y).mean()), float((ref.argmax(-1) == y).mean())
+    if fp32_accuracy - accuracy > MAX_ACCURACY_LOSS:
+        raise VariantRefused(
+            f"int8 test accuracy {accuracy:.4f} is more than {MAX_ACCURACY_LOSS:.3f} below fp32's {fp32_accuracy:.4f}"
+        )
+    evaluation = {
+        **manifest["evaluation"],
+        "test_examples": len(x),
+        "test_accuracy": accuracy,
+        "fp32_test_accuracy": fp32_accuracy,
+        "vs_fp32": {
+            "max_abs_logits": max_abs_diff(got, ref),
+            "top1_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
+        },
+    }
+    evaluation.pop("parity", None)
+    return evaluation
 
 
 def export_int8(
     fp32_entry: Path, repository: Path, name: str, version: str, force: bool, x_test: np.ndarray, y_test: np.ndarray
 ) -> Path:
+    """The int8 variant of a classifier entry, scored on ``x_test`` (preprocessed) and ``y_test``."""
     manifest = read_manifest(fp32_entry)
     with StagedEntry(repository, name, version, force) as stage:
-        for graph in manifest["graphs"].values():  # the serving graph and the attention graph alike
-            quantize_dynamic(
-                str(fp32_entry / graph["file"]),
-                str(stage.dir / graph["file"]),
-                weight_type=QuantType.QInt8,
-                op_types_to_quantize=["MatMul", "Gemm"],
-            )
-        for sample in manifest.get("samples", []):
-            shutil.copy(fp32_entry / sample["file"], stage.dir / sample["file"])
-        src, dst = fp32_entry / "model.onnx", stage.dir / "model.onnx"
-        fp32, int8 = cpu_session(src), cpu_session(dst)
-        ref = np.concatenate([fp32.run([LOGITS], {INPUT: x_test[i : i + 500]})[0] for i in range(0, len(x_test), 500)])
-        got = np.concatenate([int8.run([LOGITS], {INPUT: x_test[i : i + 500]})[0] for i in range(0, len(x_test), 500)])
-        accuracy = float((got.argmax(-1) == y_test).mean())
-        evaluation = {
-            **manifest["evaluation"],
-            "test_accuracy": accuracy,
-            "fp32_test_accuracy": manifest["evaluation"]["test_accuracy"],
-            "vs_fp32": {
-                "max_abs_logits": max_abs_diff(got, ref),
-                "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
-            },
-        }
-        evaluation.pop("parity", None)
-        new = {k: v for k, v in manifest.items() if k not in ("schema_version", "files")}
-        new.update(
-            name=name,
-            version=version,
-            created_at=now_iso(),
-            evaluation=evaluation,
-            variant={
-                "precision": "int8",
-                "method": "onnxruntime dynamic quantisation (MatMul/Gemm weights)",
-                "from": f"{manifest['name']}/{manifest['version']}",
-            },
-        )
-        final = stage.commit(new)
-    size = (final / "model.onnx").stat().st_size
-    fp32_accuracy = manifest["evaluation"]["test_accuracy"]
+        quantize_graphs(fp32_entry, manifest, stage.dir)
+        evaluation = classifier_evaluation(fp32_entry, stage.dir, manifest, x_test, y_test)
+        final = stage.commit(variant_manifest(manifest, name, version, evaluation))
     print(
-        f"wrote {final}: int8 test accuracy {accuracy:.4f} (fp32 {fp32_accuracy:.4f}), {size:,} bytes", file=sys.stderr
+        f"wrote {final}: int8 test accuracy {evaluation['test_accuracy']:.4f} (fp32 "
+        f"{evaluation['fp32_test_accuracy']:.4f}), top-1 agreement {evaluation['vs_fp32']['top1_agreement']:.4f}, "
+        f"{(final / 'model.onnx').stat().st_size:,} bytes",
+        file=sys.stderr,
     )
     return final
+
+
+def classifier_test_data(m: Manifest, data: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    from model.data import load_image_dataset  # numpy-only readers of the datasets the ViT trains on
+
+    dataset = load_image_dataset(m.evaluation.get("dataset", "fashion-mnist"), data)
+    return m.preprocessing.apply(dataset.test_images), dataset.test_labels
+
+
+# ---- translators ---------------------------------------------------------------------------------
+
+
+def translator_evaluation(fp32_entry: Path, int8_dir: Path, m: Manifest, data: Path, max_test: int | None) -> dict:
+    """int8 and fp32 scored on the same test pairs in one run; refused beyond ``MAX_BLEU_LOSS``."""
+    from export.scoring import evaluate, read_domains
+    from export.translator import BEAM, translate_all
+    from model.translation.textio import read_tsv
+
+    pairs, _ = read_tsv(data / "test.tsv")
+    domains = read_domains(data, "test", len(pairs))
+    pairs, domains = (pairs[:max_test], domains[:max_test]) if max_test else (pairs, domains)
+    tok, spec = Tokenizer.load(fp32_entry / m.tokenizer.file), DecoderSpec.from_manifest(m)
+    runs, greedy = {}, {}
+    for label, folder in (("fp32", fp32_entry), ("int8", int8_dir)):
+        enc, dec = (session_fn(cpu_session(folder / m.graph(g).file)) for g in ("encoder", "decoder"))
+
+        def translate(texts: list[str], beam: int, enc=enc, dec=dec, label=label) -> tuple[list[str], float]:
+            out, seconds = translate_all(enc, dec, tok.encode_batch(texts, add_eos=True), spec, tok, beam, False)
+            if beam == 1:
+                greedy[label] = out
+            return out, seconds
+
+        runs[label] = evaluate(translate, pairs, domains, BEAM)
+    best = f"beam{BEAM}"
+    if runs["fp32"][best]["bleu"] - runs["int8"][best]["bleu"] > MAX_BLEU_LOSS:
+        raise VariantRefused(
+            f"int8 beam-{BEAM} test BLEU {runs['int8'][best]['bleu']} is more than {MAX_BLEU_LOSS} below fp32's "
+            f"{runs['fp32'][best]['bleu']}"
+        )
+    same = sum(a == b for a, b in zip(greedy["fp32"], greedy["int8"]))
+    return {
+        **runs["int8"],
+        "fp32": {k: runs["fp32"][k] for k in ("greedy", best)},
+        "vs_fp32": {"identical_greedy": same / len(pairs), "identical_greedy_sentences": same, "sentences": len(pairs)},
+    }
+
+
+def export_int8_translator(
+    fp32_entry: Path, repository: Path, name: str, version: str, force: bool, data: Path, max_test: int | None = None
+) -> Path:
+    """The int8 variant of a translator entry, scored per domain on ``data``'s test split."""
+    manifest, m = read_manifest(fp32_entry), load_entry(fp32_entry).manifest
+    with StagedEntry(repository, name, version, force) as stage:
+        quantize_graphs(fp32_entry, manifest, stage.dir)
+        e = translator_evaluation(fp32_entry, stage.dir, m, data, max_test)
+        final = stage.commit(variant_manifest(manifest, name, version, e))
+    print(
+        f"wrote {final}: int8 test BLEU greedy {e['greedy']['bleu']} beam {e['beam4']['bleu']} (fp32 "
+        f"{e['fp32']['greedy']['bleu']} / {e['fp32']['beam4']['bleu']}); identical greedy output "
+        f"{e['vs_fp32']['identical_greedy']:.1%}",
+        file=sys.stderr,
+    )
+    return final
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m export.quantize", description=__doc__.splitlines()[0])
+    p.add_argument("--entry", type=Path, required=True, help="the fp32 entry, e.g. models/translator/2")
+    p.add_argument("--data", type=Path, help="test data: the translation corpus folder, or the image dataset folder")
+    p.add_argument("--repository", type=Path, help="default: the entry's repository")
+    p.add_argument("--name", help="default: <name>-int8")
+    p.add_argument("--version", help="default: the fp32 entry's version")
+    p.add_argument("--force", action="store_true", help="replace an existing variant")
+    p.add_argument("--max-test", type=int, help="score on only the first N test pairs (smoke tests)")
+    args = p.parse_args(argv)
+    m = load_entry(args.entry).manifest
+    repository = args.repository or args.entry.parent.parent
+    name, version = args.name or f"{m.name}-int8", args.version or m.version
+    if m.task == TRANSLATION:
+        data = args.data or Path(m.model_extra.get("data", {}).get("folder", "data/translation"))
+        if not (data / "test.tsv").is_file():
+            raise CliError(f"{data / 'test.tsv'} does not exist: pass --data with the corpus folder (make corpus)")
+        export_int8_translator(args.entry, repository, name, version, args.force, data, args.max_test)
+    elif m.task == IMAGE_CLASSIFICATION:
+        x, y = classifier_test_data(m, args.data)
+        x, y = (x[: args.max_test], y[: args.max_test]) if args.max_test else (x, y)
+        export_int8(args.entry, repository, name, version, args.force, x, y)
+    else:
+        raise CliError(f"no int8 variant for task {m.task!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -77,6 +77,9 @@ class ServedModel:
             "created_at": m.created_at if m else None,
             "labels": (m.labels or None) if m else None,
             "evaluation": (m.evaluation or None) if m else None,
+            # an int8 variant says so and names the fp32 entry it was made from (export/quantize.py)
+            "precision": (m.variant.precision if m.variant else "fp32") if m else None,
+            "variant_of": m.variant.from_ if m and m.variant else None,
         }
         if self.classifier is not None:
             p = self.classifier.preprocessing

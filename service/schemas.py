@@ -175,6 +175,8 @@ class ModelInfo(BaseModel):
         True, description="Answers requests that name this model without a version (`name`, not `name:version`)."
     )
     created_at: str | None = None
+    precision: str | None = Field(None, description="fp32, or int8 for a variant made by export.quantize.")
+    variant_of: str | None = Field(None, description="A variant: name/version of the entry it was made from.")
     labels: list[str] | None = None
     input: ModelInput | None = None
     max_batch_size: int | None = None

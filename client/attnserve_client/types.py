@@ -233,6 +233,8 @@ class ModelInfo(_Model):
     provider: str | None = Field(None, description="onnxruntime execution provider in use.")
     default: bool = False
     created_at: str | None = None
+    precision: str | None = Field(None, description="fp32, or int8 for a quantised variant.")
+    variant_of: str | None = Field(None, description="name/version of the entry a variant was made from.")
     labels: list[str] | None = None
     input: ModelInput | None = None
     max_batch_size: int | None = None

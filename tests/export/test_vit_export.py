@@ -134,7 +134,7 @@ def test_int8_variant_records_its_own_accuracy(tiny_vit_checkpoint, tmp_path):
     m = read_manifest(tmp_path / "vit-int8" / "3")
     assert m["variant"]["precision"] == "int8"
     assert 0.0 < m["evaluation"]["test_accuracy"] <= 1.0
-    assert 0.9 <= m["evaluation"]["vs_fp32"]["argmax_agreement"] <= 1.0
+    assert 0.9 <= m["evaluation"]["vs_fp32"]["top1_agreement"] <= 1.0
     load_entry(tmp_path / "vit-int8" / "3")  # its sha256s verify
 
 

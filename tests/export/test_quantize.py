@@ -1,0 +1,96 @@
+"""int8 variants made from the shipped entries: their measured quality, their refusal, and serving them beside fp32."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from contract.manifest import load_entry, read_manifest
+from export import quantize
+from tests.conftest import ROOT, run_module
+from tests.service.service_testing import start_subprocess_server
+
+SHIPPED = ROOT / "models"
+TRANSLATOR, VIT = SHIPPED / "translator" / "2", SHIPPED / "vit" / "1"
+
+
+@pytest.fixture(scope="module")
+def int8_repository(tiny_translation_data, tmp_path_factory):
+    """The shipped fp32 entries plus their int8 variants, scored on small real test splits."""
+    repo = tmp_path_factory.mktemp("int8") / "models"
+    for entry in (TRANSLATOR, VIT):
+        shutil.copytree(entry, repo / entry.parent.name / entry.name)
+    for entry, data, n in ((TRANSLATOR, tiny_translation_data, "30"), (VIT, None, "2000")):
+        args = ["--entry", str(repo / entry.parent.name / entry.name), "--max-test", n]
+        proc = run_module("export.quantize", *args, *(["--data", str(data)] if data else []))
+        assert proc.returncode == 0, proc.stderr
+        assert "wrote" in proc.stderr
+    return repo
+
+
+def test_the_int8_translator_records_its_quality_per_domain_and_its_agreement(int8_repository):
+    m = read_manifest(int8_repository / "translator-int8" / "2")
+    assert m["variant"] == {"precision": "int8", "method": quantize.METHOD, "from": "translator/2"}
+    e = m["evaluation"]
+    n = e["sentences"]
+    assert 0 < n <= 30 and e["domains"] and e["signatures"]
+    for run in ("greedy", "beam4"):
+        assert 0 <= e[run]["bleu"] <= 100 and 0 <= e["fp32"][run]["bleu"] <= 100
+        assert e["fp32"]["beam4"]["bleu"] - e["beam4"]["bleu"] <= quantize.MAX_BLEU_LOSS
+    agreement = e["vs_fp32"]
+    assert agreement["sentences"] == n and agreement["identical_greedy"] == agreement["identical_greedy_sentences"] / n
+    entry = load_entry(int8_repository / "translator-int8" / "2")  # sha256s verify; the tokenizer came along
+    assert entry.manifest.variant.precision == "int8" and (entry.path / "tokenizer.model").is_file()
+    graphs = [g.file for g in entry.manifest.graphs.values()]
+    for g in graphs:  # every graph is quantised, and smaller than its fp32 original
+        assert (entry.path / g).stat().st_size < (TRANSLATOR / g).stat().st_size
+
+
+def test_the_int8_vit_records_its_accuracy_and_top1_agreement(int8_repository):
+    m = read_manifest(int8_repository / "vit-int8" / "1")
+    e = m["evaluation"]
+    assert m["variant"]["from"] == "vit/1" and e["test_examples"] == 2000 and e["dataset"] == "fashion-mnist"
+    assert 0.8 < e["test_accuracy"] <= 1 and e["fp32_test_accuracy"] - e["test_accuracy"] <= quantize.MAX_ACCURACY_LOSS
+    assert 0.98 <= e["vs_fp32"]["top1_agreement"] <= 1.0 and "parity" not in e
+    assert [s["file"] for s in m["samples"]] == [s["file"] for s in read_manifest(VIT)["samples"]]
+
+
+def test_a_variant_that_costs_too_much_quality_is_refused_and_leaves_nothing(
+    tiny_translation_data, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(quantize, "MAX_BLEU_LOSS", -101.0)  # no variant can pass
+    with pytest.raises(quantize.VariantRefused, match="more than -101.0 below fp32"):
+        quantize.export_int8_translator(TRANSLATOR, tmp_path, "t-int8", "2", False, tiny_translation_data, max_test=5)
+    assert list((tmp_path / "t-int8").iterdir()) == []  # the staging folder is gone
+
+
+def test_a_missing_test_split_is_one_clear_error(tmp_path):
+    proc = run_module(
+        "export.quantize", "--entry", str(TRANSLATOR), "--data", str(tmp_path), "--repository", str(tmp_path)
+    )
+    assert proc.returncode == 2 and "test.tsv does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_service_serves_the_variants_beside_fp32_and_says_which_is_which(int8_repository, tmp_path):
+    srv = start_subprocess_server(tmp_path, int8_repository)
+    try:
+        srv.wait_ready()
+        with srv.client() as c:
+            models = {(m["name"], m["version"]): m for m in c.get("/models").json()["models"]}
+            assert {k: (m["precision"], m["variant_of"], m["default"]) for k, m in models.items()} == {
+                ("translator", "2"): ("fp32", None, True),
+                ("translator-int8", "2"): ("int8", "translator/2", False),
+                ("vit", "1"): ("fp32", None, True),
+                ("vit-int8", "1"): ("int8", "vit/1", False),
+            }
+            body = {"text": "Saves the current document.", "model": "translator-int8", "return_attention": True}
+            answer = c.post("/translate", json=body).json()
+            assert answer["model"] == "translator-int8" and answer["results"][0]["translation"]
+            stored = c.get(f"/attention/{answer['results'][0]['attention_id']}").json()
+            assert (stored["model"], stored["version"]) == ("translator-int8", "2")  # the variant's own maps
+            png = (VIT / "sample-9-ankle-boot.png").read_bytes()
+            r = c.post("/classify", files={"file": ("a.png", png, "image/png")}, data={"model": "vit-int8"})
+            assert r.status_code == 200 and r.json()["results"][0]["top_k"][0]["label"] == "Ankle boot"
+    finally:
+        srv.stop()
