@@ -59,6 +59,13 @@ class AttentionNotFound(ServiceError):
     status, code = 404, "attention_not_found"
 
 
+class RequestTimeout(ServiceError):
+    """The request's body did not arrive within ``ATTNSERVE_BODY_TIMEOUT_S`` (a stalled or trickling
+    client); the answer closes the connection."""
+
+    status, code = 408, "request_timeout"
+
+
 class BodyTooLarge(ServiceError):
     status, code = 413, "body_too_large"
 

@@ -133,6 +133,13 @@ class Settings(BaseSettings):
         description="Longest deadline a request may ask for (`X-Request-Timeout` seconds, or the OIP `timeout` "
         "parameter); a longer one is cut to this.",
     )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Longest a request's body may take to arrive, from its headers: a slower one (a stalled or "
+        "trickling client, slow-loris) gets 408 `request_timeout` and its connection is closed.",
+    )
     api_key_hashes: tuple[str, ...] = Field(
         (),
         description="sha256 hex digests of the accepted API keys (JSON list in the environment); set, every route but "

@@ -114,7 +114,9 @@ class App(FastAPI):
         self.routes_table = ROUTES
         hashes = read_hashes(settings.api_key_hashes, settings.api_key_hashes_file)
         stack: ASGIApp = Router(ROUTES, Keys(hashes) if hashes else None, settings.protect_metrics)
-        stack = BodyLimitMiddleware(stack, max_body_bytes=settings.max_body_bytes)
+        stack = BodyLimitMiddleware(
+            stack, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
+        )
         if settings.cors_origins:  # outside the body limit: a preflight has no body, an error answer gets the headers
             stack = Cors(stack, settings.cors_origins)
         self.stack = RequestContextMiddleware(stack, metrics=self.state.metrics, access_log=settings.access_log)

@@ -1,4 +1,4 @@
-"""The ASGI layer every request passes through: request id, access log, metrics, body-size limit.
+"""The ASGI layer every request passes through: request id, access log, metrics, body size and time limits.
 
 Plain ASGI middleware rather than ``BaseHTTPMiddleware``: it adds no task per request and does not
 buffer bodies, which matters when the whole request budget is about a millisecond.
@@ -6,12 +6,13 @@ buffer bodies, which matters when the whole request budget is about a millisecon
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import BodyTooLarge, error_response, internal_error_response
+from service.errors import BodyTooLarge, RequestTimeout, error_response, internal_error_response
 from service.logs import REQUEST_ID_HEADER, AccessLog, bind_request_id, unbind_request_id
 from service.metrics import Metrics
 
@@ -86,15 +87,20 @@ class RequestContextMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuses bodies over ``max_body_bytes``: by ``Content-Length`` up front, by counting otherwise.
+    """Bounds request bodies in size and in time.
 
-    Counting covers chunked uploads that declare no length; the error raised mid-read reaches the
-    app's error handlers like any other and becomes a 413.
+    Size: ``max_body_bytes``, by ``Content-Length`` up front, by counting otherwise (chunked uploads
+    that declare no length): 413. Time: the whole body must arrive within ``body_timeout_s`` of the
+    request's start, or 408 ``request_timeout`` and the connection is closed; so a client that trickles
+    its body (slow-loris) holds a connection that long at most, and never a place in a model's queue,
+    which only a whole body reaches. Both errors are raised mid-read, from ``receive``, and reach the
+    app's error handlers like any other.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 10.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,18 +120,53 @@ class BodyLimitMiddleware:
                     await _too_large(limit)(scope, receive, send)
                     return
                 break
-        received = 0
+        received, complete = 0, False
+        until = time.monotonic() + self.body_timeout_s
 
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
+        async def limited_receive() -> Message:
+            nonlocal received, complete
+            if complete:  # the body is in: what the app waits for now is a disconnect, for as long as it likes
+                return await receive()
+            message = await _receive_by(receive, until, self.body_timeout_s)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+                complete = not message.get("more_body", False)
             return message
 
-        await self.app(scope, counting_receive, send)
+        await self.app(scope, limited_receive, send)
+
+
+async def _receive_by(receive: Receive, until: float, timeout_s: float) -> Message:
+    """``receive()``, or 408 when nothing comes before ``until`` (``time.monotonic()``).
+
+    A timer cancels this task at ``until``, as ``asyncio.timeout`` (Python 3.11+) does: the service
+    runs on 3.10 too, and ``asyncio.wait_for`` would start a task for every read of every body. A part
+    of the body already received is returned even when ``until`` has passed: the wait is what is cut.
+    """
+    task = asyncio.current_task()
+    assert task is not None  # an ASGI app runs in a task
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(max(0.0, until - time.monotonic()), expire)
+    try:
+        return await receive()
+    except asyncio.CancelledError:
+        if not expired:
+            raise
+        if hasattr(task, "uncancel"):  # Python >= 3.11: this cancellation ends here
+            task.uncancel()
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s", headers={"Connection": "close"}
+        ) from None
+    finally:
+        timer.cancel()
 
 
 def _too_large(limit: int):

@@ -213,6 +213,7 @@ ROUTES = [
         errors={
             400: "Undecodable image, invalid base64, JSON or multipart body, invalid `X-Request-Timeout`.",
             404: "Unknown model.",
+            408: "The body did not arrive within `ATTNSERVE_BODY_TIMEOUT_S`; the connection is closed.",
             413: "Body or image too large (bytes or pixels).",
             415: "Content type is neither JSON nor multipart.",
             422: "Invalid field (top_k out of range, too many images, ...).",

@@ -274,6 +274,7 @@ def _routes() -> list[Route]:
     infer_errors = {
         **errors,
         400: "Invalid JSON, or an invalid `timeout` parameter or `X-Request-Timeout`.",
+        408: "The body did not arrive within `ATTNSERVE_BODY_TIMEOUT_S`; the connection is closed.",
         413: "Body too large.",
         415: "Compressed body.",
         422: "Inputs, outputs or parameters the model cannot take.",

@@ -172,6 +172,7 @@ ROUTES = [
         errors={
             400: "Invalid JSON, or an invalid `X-Request-Timeout`.",
             404: "Unknown model, or not a translation model.",
+            408: "The body did not arrive within `ATTNSERVE_BODY_TIMEOUT_S`; the connection is closed.",
             413: "Body or text too long.",
             415: "Content type is not JSON.",
             422: "Invalid field (beam_size above the limit, too many texts, ...).",

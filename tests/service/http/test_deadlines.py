@@ -1,8 +1,9 @@
-"""Deadlines end to end: uvicorn in a thread serving the shipped models, held still or slowed down.
+"""Deadlines and slow clients end to end: uvicorn in a thread serving the shipped models, held still or slowed.
 
 A request past its deadline gets 504 ``deadline_exceeded``: a queued one never reaches the model, a
 translation leaves the running batch (a stream ends with an ``error`` event); the client sets the
-deadline with ``X-Request-Timeout`` (or the OIP ``timeout`` parameter) within the cap. The real
+deadline with ``X-Request-Timeout`` (or the OIP ``timeout`` parameter) within the cap. A body that
+trickles in too slowly gets 408 and its connection closed, while other clients are served. The real
 onnxruntime run is wrapped with a gate (``GatedRun``) and the real decoder step with a delay, so
 "queued behind a busy model" and "still decoding" are reached without sleeping and hoping: every
 time below is a bound the answer must respect, never a speed the machine must reach.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,10 +91,13 @@ def gated_run(monkeypatch):
     gate.open.set()
 
 
+def classify_body(images: int) -> dict:
+    return {"images": [base64.b64encode(p.read_bytes()).decode() for p in SAMPLES[:images]]}
+
+
 def classify(srv, images: int, timeout: str | None = None) -> httpx.Response:
-    body = {"images": [base64.b64encode(p.read_bytes()).decode() for p in SAMPLES[:images]]}
     headers = {} if timeout is None else {"X-Request-Timeout": timeout}
-    return httpx.post(srv.url + "/classify", json=body, headers=headers, timeout=60)
+    return httpx.post(srv.url + "/classify", json=classify_body(images), headers=headers, timeout=60)
 
 
 def infer_body(**parameters) -> dict:
@@ -252,3 +257,27 @@ def test_the_oip_timeout_parameter_bounds_a_translation(slow_translator):
     assert late.value.status() == "504"
     wait_until(lambda: decoding_stopped(srv), timeout=30, what="the translation to leave the running batch")
     assert metric(srv, "attnserve_deadline_exceeded_requests_total", route="/v2/models/{name}/infer") == counted + 1
+
+
+def test_a_body_that_trickles_in_gets_408_and_its_connection_closed_while_others_are_served(serve):
+    body = json.dumps(classify_body(1)).encode()
+    with serve(body_timeout_s=2.0) as srv:
+        srv.wait_ready()
+        host, port = srv.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as slow:
+            request = f"POST /classify HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            slow.sendall(f"{request}Content-Length: {len(body)}\r\n\r\n".encode())
+            for byte in body[:5]:  # a byte every 0.1 s, then nothing: the rest would take a minute at this rate
+                slow.sendall(bytes([byte]))
+                time.sleep(0.1)
+            served = classify(srv, 1)  # another client meanwhile
+            answer = b""
+            while chunk := slow.recv(65536):  # until the server closes the connection
+                answer += chunk
+        text = srv.get("/metrics").text
+    assert served.status_code == 200
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
+    assert json.loads(payload)["error"]["code"] == "request_timeout"
+    assert metric_value(text, "attnserve_http_requests_total", route="/classify", status="408") == 1
+    assert metric_value(text, "attnserve_images_total", model="vit") == 1  # the slow body never reached the queue

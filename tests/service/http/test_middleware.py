@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import JSONResponse
 
-from service.errors import BodyTooLarge, InvalidField
+from service.errors import BodyTooLarge, InvalidField, RequestTimeout
 from service.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from service.http.router import Route, Router
 from service.logs import JsonFormatter, RequestIdFilter, current_request_id, flush_access_logs
@@ -34,9 +34,11 @@ SLOW_S = 0.06  # what GET /slow takes at least
 class Stack:
     """The app's HTTP side without its models: ``scope["app"]`` is this object, as the router expects."""
 
-    def __init__(self, routes: list[Route], metrics: Metrics, access_log: bool, max_body_bytes: int) -> None:
+    def __init__(
+        self, routes: list[Route], metrics: Metrics, access_log: bool, max_body_bytes: int, body_timeout_s: float
+    ) -> None:
         self.state = SimpleNamespace(serving=None, calls=[])
-        inner = BodyLimitMiddleware(Router(routes), max_body_bytes=max_body_bytes)
+        inner = BodyLimitMiddleware(Router(routes), max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
         self.stack = RequestContextMiddleware(inner, metrics=metrics, access_log=access_log)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -44,7 +46,9 @@ class Stack:
         await self.stack(scope, receive, send)
 
 
-def make_app(metrics: Metrics, *, access_log: bool = True, max_body_bytes: int = LIMIT) -> Stack:
+def make_app(
+    metrics: Metrics, *, access_log: bool = True, max_body_bytes: int = LIMIT, body_timeout_s: float = 30.0
+) -> Stack:
     async def item(request, serving):
         raw = request.path_params["item_id"]
         if not raw.isdigit():
@@ -72,7 +76,7 @@ def make_app(metrics: Metrics, *, access_log: bool = True, max_body_bytes: int =
         Route("GET", "/boom", boom),
         Route("POST", "/echo", echo),
     ]
-    app = Stack(routes, metrics, access_log, max_body_bytes)
+    app = Stack(routes, metrics, access_log, max_body_bytes, body_timeout_s)
     return app
 
 
@@ -439,3 +443,65 @@ def test_counting_raises_body_too_large_from_receive_at_the_chunk_that_crosses_t
     assert got == [40]  # the second chunk (80 bytes in all) is never handed to the app
     (e,) = raised
     assert (e.status, e.code, e.message) == (413, "body_too_large", f"request body exceeds the limit of {LIMIT} bytes")
+
+
+# ---- body time limit -------------------------------------------------------------------------------------------
+async def trickle(*parts: bytes, pause: float):
+    """A chunked body whose parts come ``pause`` seconds apart."""
+    for part in parts:
+        await asyncio.sleep(pause)
+        yield part
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_that_closes_the_connection():
+    metrics = Metrics()
+    app = make_app(metrics, body_timeout_s=0.2)
+    in_time, too_slow = exchange(
+        app,
+        post("/echo", content=trickle(b"a" * 10, b"b" * 10, pause=0.01)),
+        post("/echo", content=trickle(b"a" * 10, b"b" * 10, pause=30)),  # the second part would come after 60 s
+    )
+    assert (in_time.status_code, in_time.json()) == (200, {"bytes": 20})
+    assert too_slow.status_code == 408 and too_slow.headers["connection"] == "close"
+    assert too_slow.json() == {
+        "error": {"code": "request_timeout", "message": "the request body did not arrive within 0.2 s"}
+    }
+    assert requests_total(metrics) == {("/echo", "POST", "200"): 1, ("/echo", "POST", "408"): 1}
+
+
+def test_the_time_limit_covers_the_body_only_not_the_wait_for_a_disconnect_after_it():
+    messages = [{"type": "http.request", "body": b"x", "more_body": False}]
+    got = []
+
+    async def reader(scope, receive, send):
+        got.append(await receive())
+        got.append(await receive())  # the disconnect watch: it may wait far longer than the body limit
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(0.1)
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": []}
+    run(BodyLimitMiddleware(reader, max_body_bytes=LIMIT, body_timeout_s=0.01)(scope, receive, None))
+    assert [m["type"] for m in got] == ["http.request", "http.disconnect"]
+
+
+def test_a_stalled_body_raises_request_timeout_from_receive_and_the_task_can_go_on():
+    raised = []
+
+    async def reader(scope, receive, send):
+        try:
+            await receive()
+        except RequestTimeout as e:
+            raised.append(e)
+        await asyncio.sleep(0)  # the timeout's cancellation was consumed: the task is not cancelled
+
+    async def receive():
+        await asyncio.sleep(60)
+
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": []}
+    run(BodyLimitMiddleware(reader, max_body_bytes=LIMIT, body_timeout_s=0.05)(scope, receive, None))
+    (e,) = raised
+    assert (e.status, e.code, e.headers) == (408, "request_timeout", {"Connection": "close"})
