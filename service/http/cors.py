@@ -15,7 +15,13 @@ from starlette.types import ASGIApp
 
 from service.errors import error_response
 
-ALLOWED_HEADERS = ("Authorization", "Content-Type", "X-Request-ID", "Inference-Header-Content-Length")
+ALLOWED_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "X-Request-ID",
+    "X-Request-Timeout",
+    "Inference-Header-Content-Length",
+)
 EXPOSED_HEADERS = ("X-Request-ID", "Retry-After", "Inference-Header-Content-Length", "Content-Disposition")
 
 

@@ -18,7 +18,9 @@ def server(tmp_path_factory):
         yield srv
 
 
-def preflight(url: str, origin: str, method: str = "POST", headers: str = "content-type, authorization"):
+def preflight(
+    url: str, origin: str, method: str = "POST", headers: str = "content-type, authorization, x-request-timeout"
+):
     return httpx.options(
         url,
         headers={"Origin": origin, "Access-Control-Request-Method": method, "Access-Control-Request-Headers": headers},
@@ -31,7 +33,7 @@ def test_an_allowed_origin_gets_its_preflight_answered(server, path):
     assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] == ALLOWED
     assert "POST" in r.headers["access-control-allow-methods"]
-    assert {"authorization", "content-type"} <= {
+    assert {"authorization", "content-type", "x-request-timeout"} <= {
         h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")
     }
 
