@@ -34,7 +34,7 @@ LONG_TEXT = (
     "Select the cells that you want to format, then choose Format - Cells and set the font, the borders "
     "and the background colour of the selected cells in the dialog that opens."
 )
-STEP_DELAY_S = 0.2  # each decoder step of the slowed translator takes at least this long
+STEP_DELAY_S = 0.2  # each decoder step of the slowed translator takes at least this long: LONG_TEXT >= 8 s
 
 
 def shipped(tmp_path_factory, name: str) -> Path:
@@ -211,8 +211,8 @@ def translator_counts(srv) -> dict[str, float]:
 
 def test_a_long_beam_search_past_its_deadline_gets_504_stops_and_frees_its_rows(slow_translator):
     srv, before = slow_translator, translator_counts(slow_translator)
-    body = {"text": LONG_TEXT, "beam_size": 4, "max_new_tokens": 200}  # dozens of steps: >= 5 s
-    r = httpx.post(srv.url + "/translate", json=body, headers={"X-Request-Timeout": "1.5"}, timeout=60)
+    body = {"text": LONG_TEXT, "beam_size": 4, "max_new_tokens": 200}  # ~40 steps: >= 8 s
+    r = httpx.post(srv.url + "/translate", json=body, headers={"X-Request-Timeout": "3"}, timeout=60)
     assert r.status_code == 504, r.text
     assert r.json()["error"]["code"] == "deadline_exceeded"
     wait_until(lambda: decoding_stopped(srv), timeout=30, what="the beam to leave the running batch")
@@ -227,7 +227,7 @@ def test_a_streamed_translation_past_its_deadline_ends_with_an_error_event(slow_
     srv, before = slow_translator, translator_counts(slow_translator)
     body = {"text": LONG_TEXT, "stream": True, "max_new_tokens": 200}
     events, kind = [], None
-    with httpx.stream("POST", srv.url + "/translate", json=body, headers={"X-Request-Timeout": "1.5"}, timeout=60) as r:
+    with httpx.stream("POST", srv.url + "/translate", json=body, headers={"X-Request-Timeout": "3"}, timeout=60) as r:
         assert r.status_code == 200  # the stream began before the deadline
         for line in r.iter_lines():
             if line.startswith("event: "):
@@ -251,7 +251,7 @@ def test_the_oip_timeout_parameter_bounds_a_translation(slow_translator):
     text.set_data_from_numpy(np.array([LONG_TEXT], dtype=object))
     try:
         with pytest.raises(InferenceServerException) as late:
-            client.infer("translator", [text], parameters={"beam_size": 4}, timeout=1_500_000)
+            client.infer("translator", [text], parameters={"beam_size": 4}, timeout=3_000_000)
     finally:
         client.close()
     assert late.value.status() == "504"
