@@ -90,6 +90,12 @@ class NotFoundError(APIStatusError):
     status = 404
 
 
+class RequestTimeoutError(APIStatusError):
+    """408: the request's body did not arrive in time (``ATTNSERVE_BODY_TIMEOUT_S``); the connection is closed."""
+
+    status = 408
+
+
 class PayloadTooLargeError(APIStatusError):
     """413: body, image or text over the service's limits."""
 
@@ -114,6 +120,13 @@ class InternalServerError(APIStatusError):
     status = 500
 
 
+class DeadlineExceededError(APIStatusError):
+    """504 ``deadline_exceeded``: the request's deadline passed (``timeout=`` / ``X-Request-Timeout``) before
+    it was computed or while it was decoded; nothing of it was kept."""
+
+    status = 504
+
+
 class ServiceUnavailableError(APIStatusError):
     """503: the model is loading, the service is shutting down, or a dependency is unavailable."""
 
@@ -130,13 +143,23 @@ class OverloadedError(ServiceUnavailableError):
 # ``error`` event in the middle of a stream, which has no status of its own, still gets its class.
 _BY_CODE: dict[str, type[APIStatusError]] = {
     **dict.fromkeys(
-        ("undecodable_image", "invalid_base64", "invalid_json", "invalid_multipart", "model_load_failed"),
+        (
+            "undecodable_image",
+            "invalid_base64",
+            "invalid_json",
+            "invalid_multipart",
+            "invalid_timeout",
+            "model_load_failed",
+            "cors_refused",
+        ),
         BadRequestError,
     ),
     **dict.fromkeys(("model_not_found", "attention_not_found", "not_found"), NotFoundError),
     **dict.fromkeys(("body_too_large", "image_too_large", "text_too_long"), PayloadTooLargeError),
     "unsupported_media_type": UnsupportedMediaTypeError,
     "unauthorized": AuthenticationError,
+    "request_timeout": RequestTimeoutError,
+    "deadline_exceeded": DeadlineExceededError,
     "invalid_field": InvalidFieldError,
     **dict.fromkeys(("inference_failed", "internal_error"), InternalServerError),
     "overloaded": OverloadedError,
@@ -148,12 +171,13 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
     401: AuthenticationError,
     404: NotFoundError,
+    408: RequestTimeoutError,
     413: PayloadTooLargeError,
     415: UnsupportedMediaTypeError,
     422: InvalidFieldError,
     429: OverloadedError,
     503: ServiceUnavailableError,
-}
+}  # no 504: a proxy's gateway timeout is not the service's deadline (that one has its code)
 
 
 def error_class(status: int | None, code: str | None) -> type[APIStatusError]:

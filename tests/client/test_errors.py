@@ -17,11 +17,13 @@ from attnserve_client import (
     AttnserveError,
     AuthenticationError,
     BadRequestError,
+    DeadlineExceededError,
     InternalServerError,
     InvalidFieldError,
     NotFoundError,
     OverloadedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     ServiceUnavailableError,
     UnsupportedMediaTypeError,
 )
@@ -34,6 +36,7 @@ BY_STATUS = {
     401: AuthenticationError,
     404: NotFoundError,
     405: APIStatusError,
+    408: RequestTimeoutError,
     409: APIStatusError,
     413: PayloadTooLargeError,
     415: UnsupportedMediaTypeError,
@@ -43,7 +46,10 @@ BY_STATUS = {
     500: InternalServerError,
     503: ServiceUnavailableError,
 }
-BY_CODE = {"overloaded": OverloadedError}  # where the code is more precise than the status
+BY_CODE = {
+    "overloaded": OverloadedError,
+    "deadline_exceeded": DeadlineExceededError,
+}  # where the code is more precise than the status
 
 
 def service_errors() -> list[tuple[int, str]]:
