@@ -92,9 +92,10 @@ test: install-dev lint  ## lint, then the test suite CI runs (everything but the
 test-all: install-dev  ## every test, including slow real-training runs
 	$(BIN)/python -m pytest
 
-bench: install-dev  ## benchmarks (ratios vs bare onnxruntime, attention costs)
+bench: install-dev  ## benchmarks (ratios vs bare onnxruntime and CTranslate2, attention costs)
 	$(BIN)/python -m benchmarks.bench_classify --repository $(MODELS)
 	$(BIN)/python -m benchmarks.bench_translate --repository $(MODELS)
+	$(BIN)/python -m benchmarks.bench_ctranslate2 --repository $(MODELS)
 	$(BIN)/python -m benchmarks.bench_attention --repository $(MODELS)
 
 docs: $(VENV)/.dev  ## build the docs site into site/ (mkdocs build --strict: a broken link or missing page fails)

@@ -6,10 +6,9 @@
    sessions with the service's session options): tokens/s of KV-cache decoding vs re-running the
    whole prefix each step (``decoder_prefix.onnx``, no cache) at 16, 32 and 64 generated tokens;
    tokens/s at batch 1 and 16, greedy and beam 4, 20 and 64 tokens (fixed lengths: end-of-sentence
-   is ignored so every configuration generates exactly that many tokens); the same on CTranslate2
-   (our weights converted by ``benchmarks/ctranslate2_model.py``, fp32, the same thread count),
-   where ctranslate2, torch and the checkpoint are present; the batching ceiling (the bare loop on
-   the service's 32 sentences at once vs one by one); and PyTorch eager cached greedy decoding.
+   is ignored so every configuration generates exactly that many tokens); the batching ceiling (the
+   bare loop on the service's 32 sentences at once vs one by one); and PyTorch eager cached greedy
+   decoding. The same configurations against CTranslate2 are ``benchmarks/bench_ctranslate2.py``.
 2. The service (``python -m service`` in a subprocess): the same 32 real test sentences sent one at
    a time vs by 32 concurrent clients (continuous batching) vs the same concurrency with
    ``ATTNSERVE_DECODE_BATCHING=static``; the service's one-at-a-time latency vs the bare loop at
@@ -238,21 +237,17 @@ def main(argv: list[str] | None = None) -> int:
                     f"{batch * n / c:,.0f} vs {batch * n / u:,.0f} tok/s = {u / c:.2f}x",
                 )
             )
-    loop: dict[tuple[int, int, int], float] = {}  # (batch, beam, tokens) -> seconds
     for batch in (1, 16):
         src = bare.sources(batch)
         for beam in (1, 4):
             for n in (20, 64):
-                t = loop[batch, beam, n] = median_of(
-                    args.rounds, lambda src=src, n=n, beam=beam: bare.cached(src, n, beam)
-                )
+                t = median_of(args.rounds, lambda src=src, n=n, beam=beam: bare.cached(src, n, beam))
                 rows.append(
                     (
                         f"bare loop, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {n} tokens",
                         f"{batch * n / t:,.0f} tok/s ({t * 1000 / n:.2f} ms/step)",
                     )
                 )
-    rows += ctranslate2_rows(args, bare, loop, settings)
     rows.append(batching_ceiling(args, bare))
     src = bare.sources(16)
     torch_run = torch_greedy(args.checkpoint, src, max(1, (os.cpu_count() or 2) - 1))
@@ -279,38 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
-
-
-def ctranslate2_rows(args: argparse.Namespace, bare: Bare, loop: dict, settings: Settings) -> list[tuple[str, str]]:
-    """The same configurations on CTranslate2 (fp32, the same threads), where it and the checkpoint are present."""
-    try:
-        import ctranslate2  # noqa: F401
-
-        from benchmarks.ctranslate2_model import convert, decode, translator
-    except ImportError:
-        return [("CTranslate2 comparison", "skipped: pip install ctranslate2 (and torch, to read the checkpoint)")]
-    if not args.checkpoint.is_file():
-        return [("CTranslate2 comparison", f"skipped: no checkpoint at {args.checkpoint}")]
-    threads = max(1, (os.cpu_count() or 2) - 1) if not settings.intra_op_threads else settings.intra_op_threads
-    with tempfile.TemporaryDirectory() as tmp:
-        ct2 = translator(convert(args.checkpoint, Path(tmp) / "ct2"), threads)
-    src = bare.sources(32)
-    ours = run_to_end(
-        bare.encoder, bare.decoder, [DecodeRequest(s, bare.spec.max_length(len(s))) for s in src], bare.spec
-    )
-    theirs = [decode(ct2, [bare.tok.pieces(s)], None, max_length=bare.spec.max_length(len(s)))[0] for s in src]
-    same = sum(bare.tok.pieces(r.results()[0].tokens) == t for r, t in zip(ours, theirs))
-    rows = [("CTranslate2 4.x fp32 on our weights: greedy translations identical", f"{same}/32 sentences")]
-    for (batch, beam, n), t in loop.items():
-        pieces = [bare.tok.pieces(s) for s in bare.sources(batch)]
-        c = median_of(args.rounds, lambda p=pieces, n=n, beam=beam: _timed(lambda: decode(ct2, p, n, beam)))
-        rows.append(
-            (
-                f"bare loop vs CTranslate2, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {n} tokens",
-                f"{batch * n / t:,.0f} vs {batch * n / c:,.0f} tok/s = {c / t:.2f}x",
-            )
-        )
-    return rows
 
 
 def batching_ceiling(args: argparse.Namespace, bare: Bare) -> tuple[str, str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import shutil
 
+import pytest
+
 from tests.conftest import run_module
 
 FIGURE = re.compile(r"(\d[\d,]*(?:\.\d+)?) ?(x|ms|tok/s|img/s|req/s)(?![\w/])")
@@ -53,10 +55,28 @@ def test_bench_translate_runs_and_prints_its_table(tiny_translator_repository, t
             "time to first streamed token",
             "batch 32 vs one at a time",
             "arriving 10 ms apart",
-            "bare loop vs CTranslate2, batch 16, beam 4, 64 tokens",
         ),
     )
-    assert re.search(r"greedy translations identical\s+32/32 sentences", proc.stdout)  # CTranslate2 decodes our model
+
+
+def test_bench_ctranslate2_checks_parity_then_compares_every_configuration(tiny_translator_repository):
+    pytest.importorskip("ctranslate2")
+    proc = run_module(
+        "benchmarks.bench_ctranslate2", "--repository", str(tiny_translator_repository), "--rounds", "1", timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "CTranslate2 fp32 greedy translations identical to ours: 32/32 sentences" in proc.stdout
+    assert re.search(r"CTranslate2 int8 greedy translations identical to ours: \d+/32 sentences", proc.stdout)
+    fp32_cells = r"([\d,]+) +([\d,]+) +([12]) +([\d.]+)x"  # ours tok/s, CT2 fp32 tok/s, its threads, ratio
+    int8_cells = r"([\d,]+) +([12]) +([\d.]+)x"  # CT2 int8 tok/s, its threads, ratio
+    row = re.compile(rf"^(batch \d+, (?:greedy|beam 4), \d+ tokens) +{fp32_cells} +{int8_cells}$", re.MULTILINE)
+    rows = {m[0]: m[1:] for m in row.findall(proc.stdout)}
+    configs = [(b, s, n) for b in (1, 16) for s in ("greedy", "beam 4") for n in (20, 64)]
+    assert set(rows) == {f"batch {b}, {s}, {n} tokens" for b, s, n in configs}
+    for ours, fp32, _, fp32_ratio, int8, _, int8_ratio in rows.values():
+        ours, fp32, int8 = (float(x.replace(",", "")) for x in (ours, fp32, int8))
+        assert min(ours, fp32, int8) > 1 and float(fp32_ratio) == pytest.approx(ours / fp32, rel=0.05, abs=0.01)
+        assert float(int8_ratio) == pytest.approx(ours / int8, rel=0.05, abs=0.01)
 
 
 def test_bench_attention_runs_and_prints_its_table(tiny_vit_repository, tiny_translator_repository, tmp_path):

@@ -1,0 +1,196 @@
+"""Our decoding loop against CTranslate2, fp32 and int8, on the translator of the model repository.
+
+``python -m benchmarks.bench_ctranslate2 --repository models --rounds 5``
+
+CTranslate2 is what a user would pick to serve a Transformer translator fast. This builds the
+CTranslate2 model from the repository alone (``benchmarks/ctranslate2_model.py``: the weights of
+the entry's ONNX graphs), checks that its greedy translations of the benchmark sentences
+(``translate_sentences.txt``) are ours token for token, then times both at batch 1 and 16, greedy
+and beam 4, 20 and 64 generated tokens: our bare decoding loop (``contract/decoding.py`` on
+onnxruntime sessions built with the service's options, as ``bench_translate`` runs it) against
+CTranslate2 float32 and int8 (``compute_type="int8"``), each at 1 and at 2 intra-op threads, the
+faster kept per configuration. Every run generates exactly that many tokens per sentence
+(end-of-sentence ruled out: ``without_eos`` for ours, ``min_decoding_length`` for CTranslate2;
+checked on the first run). In each of ``--rounds`` rounds every configuration runs every engine in
+turn (the order rotating by round); the median of the rounds is kept. Skipped, with a note, when
+ctranslate2 is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.decoding import DecodeRequest, run_to_end
+
+CONFIGS = [(batch, beam, tokens) for batch in (1, 16) for beam in (1, 4) for tokens in (20, 64)]
+COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
+MIN_SECONDS = 0.2  # a measurement repeats its decode until it lasts this long: batch 1 at 20 tokens is ~20 ms
+SETTLE_S = 0.1  # idle gap after each measurement, so no engine's spinning worker threads overlap the next one
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # "ours", or "fp32"/"int8" for CTranslate2
+    threads: int
+
+    @property
+    def label(self) -> str:
+        return "ours" if self.name == "ours" else f"CTranslate2 {self.name}, {self.threads} thread(s)"
+
+
+def config_label(batch: int, beam: int, tokens: int) -> str:
+    return f"batch {batch}, {'greedy' if beam == 1 else f'beam {beam}'}, {tokens} tokens"
+
+
+def timed(fn: Callable[[], object], reps: int) -> float:
+    """Seconds per call of ``fn``, over ``reps`` calls."""
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_ctranslate2", description=__doc__.splitlines()[0])
+    p.add_argument("--repository", type=Path, default=Path("models"))
+    p.add_argument("--name", default="translator")
+    p.add_argument("--version", help="the entry's version (default: the highest)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is kept (default 5)")
+    p.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 2], help="CTranslate2 intra-op thread counts to try (1 2)"
+    )
+    args = p.parse_args(argv)
+    if args.rounds < 1 or min(args.threads) < 1:
+        p.error("--rounds and --threads must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import ctranslate2
+        import onnx  # noqa: F401 - read_weights reads the graphs with it
+    except ImportError:
+        print("CTranslate2 comparison skipped: pip install ctranslate2 onnx (make install-dev installs both)")
+        return 0
+    import onnxruntime
+
+    from benchmarks.bench_translate import SENTENCES, Bare
+    from benchmarks.ctranslate2_model import convert, decode, greedy_agreement, translator
+    from service.settings import Settings
+
+    folder = args.repository / args.name
+    entry_dir = (
+        folder / args.version
+        if args.version
+        else max(folder.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+    )
+    settings = Settings()
+    bare = Bare(entry_dir, settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        model_dir = convert(entry_dir, Path(tmp) / "ct2")
+        converted_s = time.perf_counter() - start
+        engines = [Engine("ours", settings.intra_op_threads or max(1, (os.cpu_count() or 2) - 1))]
+        engines += [Engine(kind, t) for kind in COMPUTE_TYPES for t in args.threads]
+        ct2 = {e: translator(model_dir, e.threads, COMPUTE_TYPES[e.name]) for e in engines if e.name != "ours"}
+    print(
+        f"{args.name}/{entry_dir.name}: {bare.manifest.model['parameters']:,} parameters, CTranslate2 model built "
+        f"from {entry_dir} in {converted_s:.1f} s; CTranslate2 {ctranslate2.__version__}, onnxruntime "
+        f"{onnxruntime.__version__} with {engines[0].threads} intra-op thread(s) (the service's setting); "
+        f"{os.cpu_count()} cores; medians of {args.rounds} rounds"
+    )
+    for kind in COMPUTE_TYPES:
+        engine = next(e for e in ct2 if e.name == kind)
+        same = greedy_agreement(ct2[engine], bare.encoder, bare.decoder, bare.spec, bare.tok, SENTENCES)
+        print(f"CTranslate2 {kind} greedy translations identical to ours: {sum(same)}/{len(same)} sentences")
+
+    def run(engine: Engine, batch: int, beam: int, tokens: int) -> Callable[[], list[list[int] | list[str]]]:
+        sources = bare.sources(batch)
+        if engine.name == "ours":
+            return lambda: [
+                r.results()[0].tokens
+                for r in run_to_end(
+                    bare.encoder,
+                    bare.fixed_length_decoder,
+                    [DecodeRequest(s, tokens, beam=beam) for s in sources],
+                    bare.spec,
+                )
+            ]
+        pieces = [bare.tok.pieces(s) for s in sources]
+        return lambda: decode(ct2[engine], pieces, tokens, beam)
+
+    calls, reps = {}, {}
+    for config in CONFIGS:  # warm up, check the lengths, and size each measurement
+        for engine in engines:
+            fn = calls[config, engine] = run(engine, *config)
+            fn()
+            start = time.perf_counter()
+            out = fn()
+            once = time.perf_counter() - start
+            if any(len(o) != config[2] for o in out):
+                raise RuntimeError(f"{engine.label}, {config_label(*config)}: lengths {[len(o) for o in out]}")
+            reps[config, engine] = max(1, math.ceil(MIN_SECONDS / once))
+    seconds: dict[tuple, list[float]] = {key: [] for key in calls}
+    for r in range(args.rounds):
+        order = engines[r % len(engines) :] + engines[: r % len(engines)]
+        for config in CONFIGS:
+            for engine in order:
+                seconds[config, engine].append(timed(calls[config, engine], reps[config, engine]))
+                time.sleep(SETTLE_S)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+    rate = {key: key[0][0] * key[0][2] / statistics.median(s) for key, s in seconds.items()}  # tok/s
+    ours = engines[0]
+    best = {  # (config, kind) -> the faster thread setting
+        (config, kind): max((e for e in ct2 if e.name == kind), key=lambda e, c=config: rate[c, e])
+        for config in CONFIGS
+        for kind in COMPUTE_TYPES
+    }
+    print()
+    header = (
+        f"{'tokens/s':<28}{'ours':>8}{'CT2 fp32':>10}{'thr':>4}{'ours/fp32':>11}{'CT2 int8':>10}{'thr':>4}"
+        f"{'ours/int8':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for config in CONFIGS:
+        cells = [f"{config_label(*config):<28}{rate[config, ours]:>8,.0f}"]
+        for kind in COMPUTE_TYPES:
+            theirs = best[config, kind]
+            cells.append(
+                f"{rate[config, theirs]:>10,.0f}{theirs.threads:>4}{rate[config, ours] / rate[config, theirs]:>10.2f}x"
+            )
+        print("".join(cells))
+    print(
+        f"\nthr: CTranslate2's faster intra-op thread count for that configuration. Below, each CTranslate2 "
+        f"setting (tok/s at each thread count) and the lowest and highest single-round ratio ours / CTranslate2 at "
+        f"thr threads: how far the {args.rounds} rounds spread."
+    )
+    print(
+        f"{'':<28}"
+        + "".join(
+            "".join(f"{f'{kind} {t} thr':>12}" for t in args.threads) + f"{'rounds':>13}" for kind in COMPUTE_TYPES
+        )
+    )
+    for config in CONFIGS:
+        cells = [f"{config_label(*config):<28}"]
+        for kind in COMPUTE_TYPES:
+            per_round = [t / o for t, o in zip(seconds[config, best[config, kind]], seconds[config, ours])]
+            cells += [f"{rate[config, e]:>12,.0f}" for e in ct2 if e.name == kind]
+            cells.append(f"{min(per_round):>7.2f}-{max(per_round):.2f}x")
+        print("".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
