@@ -81,7 +81,7 @@ class DecoderSpec:
     heads: int
     head_dim: int
     pad_id: int = PAD_ID
-    bos_id: int = BOS_ID
+    bos_id: int = BOS_ID  # the id the decoder is fed first (the manifest's decoder_start, else bos)
     eos_id: int = EOS_ID
     max_positions: int = 512
 
@@ -92,7 +92,7 @@ class DecoderSpec:
         if d is None or tok is None:
             raise ManifestError(f"{manifest.name}/{manifest.version}: no decoding or tokenizer section")
         special = tok.special_ids
-        return cls(d.layers, d.heads, d.head_dim, special.pad, special.bos, special.eos, d.max_positions)
+        return cls(d.layers, d.heads, d.head_dim, special.pad, special.start, special.eos, d.max_positions)
 
     def max_length(self, source_length: int) -> int:
         """Default generation limit for a source of this many tokens (eos included)."""

@@ -117,17 +117,44 @@ class ImageAttention(Section):
 
 class SpecialIds(Section):
     pad: int
-    bos: int
+    bos: int | None = None  # a tokenizer without one (Marian) starts decoding from ``decoder_start``
     eos: int
     unk: int
+    decoder_start: int | None = None  # the id the decoder is fed first; default ``bos``
+
+    @property
+    def start(self) -> int:
+        return self.bos if self.decoder_start is None else self.decoder_start  # type: ignore[return-value]
+
+    @model_validator(mode="after")
+    def _has_a_start(self) -> SpecialIds:
+        if self.bos is None and self.decoder_start is None:
+            raise ValueError("needs bos or decoder_start: the id decoding starts from")
+        return self
 
 
 class TokenizerSpec(Section):
-    file: str
-    library: Literal["sentencepiece"]
+    """The translator's text <-> ids: one SentencePiece model (``sentencepiece``: ``file``, its own ids), or
+    a source and a target model whose pieces map to ids through a JSON vocabulary (``sentencepiece-pair``:
+    ``source_file``, ``target_file``, ``vocab_file``; the layout of Marian / OPUS-MT). ``contract/tokenizer.py``
+    (``load_tokenizer``) reads both."""
+
+    library: Literal["sentencepiece", "sentencepiece-pair"]
+    file: str | None = None
+    source_file: str | None = None
+    target_file: str | None = None
+    vocab_file: str | None = None
     special_ids: SpecialIds
     vocab_size: int = Field(ge=1)
-    normalization: str | None = None
+    normalization: str | None = None  # "contract.tokenizer.normalize_text", or None: SentencePiece's own only
+
+    @model_validator(mode="after")
+    def _files_of_the_library(self) -> TokenizerSpec:
+        needs = ("file",) if self.library == "sentencepiece" else ("source_file", "target_file", "vocab_file")
+        missing = [k for k in needs if not getattr(self, k)]
+        if missing:
+            raise ValueError(f"a {self.library} tokenizer needs {', '.join(missing)}")
+        return self
 
 
 class DecodingSpec(Section):

@@ -21,6 +21,10 @@ class ExportError(CliError):
     """Export produced something we refuse to ship (parity drift, bad graph); the CLI exits non-zero."""
 
 
+class UnsupportedCheckpoint(ExportError):
+    """An imported checkpoint holds a model or a setting that no entry could serve the same way."""
+
+
 def cpu_session(path: Path) -> ort.InferenceSession:
     """The same kind of session the service builds on a CPU (full graph optimisation)."""
     opts = ort.SessionOptions()

@@ -42,6 +42,7 @@ from contract.manifest import Preprocessing
 from export.common import (
     ExportError,
     StagedEntry,
+    UnsupportedCheckpoint,
     cpu_session,
     framework_versions,
     graph_io,
@@ -60,10 +61,6 @@ INPUT, LOGITS, ATTENTIONS = "pixel_values", "logits", "attentions"  # the names 
 LOGITS_TOL, ATTENTION_TOL, PREPROCESSING_TOL = 1e-4, 1e-5, 1e-5
 PARITY_BATCHES = (1, 4)
 PIL_BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, as transformers' image processors record ``resample``
-
-
-class UnsupportedCheckpoint(ExportError):
-    """The folder holds a model or a setting the importer cannot turn into an entry that serves the same."""
 
 
 @dataclass(frozen=True)
@@ -318,6 +315,151 @@ def import_image_classifier(ckpt: Checkpoint, stage: StagedEntry, args: argparse
     return manifest, summary
 
 
+# --- translation: Marian ---------------------------------------------------------------------------
+
+MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")  # MarianTokenizer's, copied as they are
+# Real sentences for the parity check when --sentences is not given (the source language of OPUS-MT
+# en-* models); a checkpoint of another source language should pass its own.
+PARITY_SENTENCES = [
+    "Saves the current document.",
+    "Open the file.",
+    "Select the cells you want to format.",
+    "Where is the nearest train station?",
+    "The weather is nice today.",
+    "Click the button to close the dialog.",
+    "Prints the active sheet.",
+    "I would like a cup of coffee.",
+    "The file could not be saved because the disk is full.",
+    "Do you want to keep the changes?",
+    "She has been living in Berlin for three years.",
+    "Press Enter to continue.",
+    "My brother plays the guitar every evening.",
+    "Insert a new row above the selected row.",
+    "How much does this book cost?",
+    "The children are playing in the garden.",
+]
+
+
+def import_translator(ckpt: Checkpoint, stage: StagedEntry, args: argparse.Namespace) -> tuple[dict, str]:
+    import shutil
+
+    from transformers import MarianTokenizer
+
+    from contract.decoding import DecoderSpec, session_fn
+    from contract.manifest import TokenizerSpec
+    from contract.tokenizer import load_tokenizer
+    from export import marian
+
+    folder = ckpt.folder
+    missing = [f for f in MARIAN_FILES if not (folder / f).is_file()]
+    if missing:
+        raise CliError(f"{folder}: no {', '.join(missing)} (save the MarianTokenizer with the model)")
+    tok_config_path = folder / "tokenizer_config.json"
+    tok_config = json.loads(tok_config_path.read_text(encoding="utf-8")) if tok_config_path.is_file() else {}
+    if tok_config.get("separate_vocabs"):
+        raise UnsupportedCheckpoint(f"{folder}: MarianMTModel with separate source and target vocabularies")
+    model = load_model(ckpt)
+    cfg = model.config
+    gen = marian.generation_settings(folder, cfg)
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    if not (len(vocab) == cfg.vocab_size == cfg.decoder_vocab_size):
+        raise UnsupportedCheckpoint(
+            f"{folder}: vocab.json holds {len(vocab)} pieces, the model {cfg.vocab_size} / {cfg.decoder_vocab_size}"
+        )
+    special = {"pad": gen.pad, "eos": gen.eos, "unk": vocab[tok_config.get("unk_token", "<unk>")]}
+    special["decoder_start"] = gen.decoder_start
+    tokenizer_section = {
+        "library": "sentencepiece-pair",
+        "source_file": "source.spm",
+        "target_file": "target.spm",
+        "vocab_file": "vocab.json",
+        "special_ids": special,
+        "vocab_size": len(vocab),
+        "normalization": None,
+    }
+    for name in MARIAN_FILES:
+        shutil.copyfile(folder / name, stage.dir / name)
+    marian.export_graphs(model, gen.suppressed, stage.dir, args.opset)
+    tokenizer = load_tokenizer(stage.dir, TokenizerSpec.model_validate(tokenizer_section))
+    hf_tokenizer = MarianTokenizer.from_pretrained(folder, local_files_only=True)
+    heads = cfg.decoder_attention_heads
+    spec = DecoderSpec(
+        cfg.decoder_layers,
+        heads,
+        cfg.d_model // heads,
+        gen.pad,
+        gen.decoder_start,
+        gen.eos,
+        cfg.max_position_embeddings,
+    )
+    graphs = {g: session_fn(cpu_session(stage.dir / f"{g}.onnx")) for g in ("encoder", "decoder", "decoder_prefix")}
+    sentences = PARITY_SENTENCES
+    if args.sentences:
+        sentences = [s for s in args.sentences.read_text(encoding="utf-8").splitlines() if s.strip()]
+    report = marian.parity_report(model, hf_tokenizer, tokenizer, graphs, sentences, spec, gen, beam=4)
+    marian.check_parity(report)
+    io = {g: graph_io(stage.dir / f"{g}.onnx") for g in ("encoder", "decoder", "decoder_prefix")}
+    languages = {k: tok_config[f"{k}_lang"] for k in ("source", "target") if tok_config.get(f"{k}_lang")}
+    manifest = {
+        "name": stage.final.parent.name,
+        "version": stage.final.name,
+        "task": "translation",
+        "created_at": now_iso(),
+        "framework": framework_versions(io["encoder"]["opset"]),
+        **({"languages": languages} if len(languages) == 2 else {}),
+        "model": {**source_section(ckpt), "parameters": sum(p.numel() for p in model.parameters())},
+        "graphs": {g: {"file": f"{g}.onnx", **graph_io} for g, graph_io in io.items()},
+        "tokenizer": tokenizer_section,
+        "decoding": {
+            "cache_layout": ["batch", "head", "position", "head_dim"],
+            "cache_inputs": "past_keys_{layer}",
+            "cache_outputs": "new_keys_{layer}",
+            "cache": "buffer: the caller writes each step's new keys/values",
+            "layers": spec.layers,
+            "heads": spec.heads,
+            "head_dim": spec.head_dim,
+            "max_positions": spec.max_positions,
+            "max_length": "min(max_positions, 1.5 * source_tokens + 10)",
+            "beam": gen.beam,
+            "length_penalty": gen.length_penalty,
+            "scores": "log_probs",
+            "suppressed_ids": gen.suppressed,  # -inf in the graphs' log_probs: generate() never produces them
+            "positions": "sinusoidal from 0, Marian's layout (sines then cosines), inside the graphs",
+            "embedding_scale": float(model.model.decoder.embed_scale),
+        },
+        "attention": {
+            "encoder": {
+                "output": "encoder_attentions",
+                "layout": ["batch", "layer", "head", "query", "key"],
+                "layers": cfg.encoder_layers,
+                "heads": cfg.encoder_attention_heads,
+            },
+            "prefix": {
+                "graph": "decoder_prefix",
+                "self": ["batch", "layer", "head", "target", "target"],
+                "cross": ["batch", "layer", "head", "target", "source"],
+            },
+            "heads": heads,
+        },
+        "evaluation": {
+            "parity": {
+                **report,
+                "against": "transformers",
+                "log_probs_tolerance": marian.LOG_PROB_TOL,
+                "attention_tolerance": marian.ATTENTION_TOL,
+            }
+        },
+    }
+    b = report["beam"]
+    summary = (
+        f"parity: {report['identical_tokens'] + report['identical_but_forced_eos']}/{report['sentences']} greedy "
+        f"outputs identical to generate(), max |dlog_probs| {report['max_abs_log_probs']:.1e}, max |dattention| "
+        f"{report['max_abs_attention']:.1e}; beam {b['beam']}: {b['checkpoint']['identical']}/{report['sentences']} "
+        f"identical (early_stopping={b['early_stopping']}), {b['early_stopping_true']['identical']} with early_stopping=True"
+    )
+    return manifest, summary
+
+
 # --- the command line ------------------------------------------------------------------------------
 
 Importer = Callable[[Checkpoint, StagedEntry, argparse.Namespace], tuple[dict, str]]
@@ -325,6 +467,7 @@ IMPORTERS: dict[str, Importer] = {
     "ViTForImageClassification": import_image_classifier,
     "DeiTForImageClassification": import_image_classifier,
     "DeiTForImageClassificationWithTeacher": import_image_classifier,
+    "MarianMTModel": import_translator,
 }
 
 
@@ -340,6 +483,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--bilinear-resize",
         action="store_true",
         help="image models: accept the service's bilinear resize to the model's size where the processor differs",
+    )
+    p.add_argument(
+        "--sentences",
+        type=Path,
+        help="translation models: a file of real source sentences, one a line, for the parity check "
+        "(default: 16 English sentences)",
     )
     return p.parse_args(argv)
 

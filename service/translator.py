@@ -25,7 +25,7 @@ from contract.decoding import (
     step,
 )
 from contract.manifest import Entry, ManifestError
-from contract.tokenizer import Tokenizer, TokenizerError, normalize_text
+from contract.tokenizer import TokenizerError, load_tokenizer, normalize_text
 from service.errors import InvalidField, TextTooLong
 from service.runtime import SessionHandle
 
@@ -51,14 +51,12 @@ class Translator:
         if m.tokenizer is None or m.decoding is None:  # the contract requires both of a translator
             raise ManifestError(f"{entry.path}: a translation manifest needs tokenizer and decoding sections")
         try:
-            self.tokenizer = Tokenizer.load(entry.path / m.tokenizer.file)
+            self.tokenizer = load_tokenizer(entry.path, m.tokenizer)  # either kind the manifest describes
         except TokenizerError as e:
             raise ManifestError(f"{entry.path}: {e}") from e
         self.spec = DecoderSpec.from_manifest(m)
         self.default_beam = m.decoding.beam
         self.default_length_penalty = m.decoding.length_penalty
-        if self.tokenizer.special.as_dict() != m.tokenizer.special_ids.model_dump():
-            raise ManifestError(f"{entry.path}: tokenizer special ids differ from the manifest's")
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
         outputs = decoding_outputs(self.spec.layers)
         missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
