@@ -324,3 +324,14 @@ def test_a_processor_the_service_cannot_reproduce_is_refused_unless_accepted(tmp
     assert huggingface.main([*args, "--bilinear-resize"]) == 0
     prep = read_manifest(tmp_path / "models" / "bicubic" / "1")["preprocessing"]
     assert prep["resize"] == "bilinear" and prep["imported_from"]["processor"]["resample"] == 3
+
+
+def test_a_generation_setting_our_decoding_would_not_honour_is_refused_by_name(checkpoints, tmp_path):
+    folder = tmp_path / "penalised"
+    shutil.copytree(checkpoints / MARIAN, folder)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(generation | {"repetition_penalty": 1.2}))
+    args = ["--model-dir", str(folder), "--name", "penalised", "--repository", str(tmp_path / "models")]
+    with pytest.raises(huggingface.UnsupportedCheckpoint, match=r"does not reproduce: repetition_penalty=1\.2"):
+        huggingface.main(args)
+    assert not (tmp_path / "models" / "penalised" / "1").exists()
