@@ -66,10 +66,19 @@ class Preprocessing(Section):
     image_size: int = Field(ge=1)
     channels: int
     color_mode: Literal["L", "RGB"]
-    resize: Literal["bilinear"] = "bilinear"
+    resize: Literal["bilinear", "bicubic"] = "bilinear"  # the filter (contract/images.py)
+    resize_size: int | None = Field(None, ge=1)  # resize to this square first, then centre-crop to image_size
     scale: float
     mean: list[float]
     std: list[float]
+
+    @model_validator(mode="after")
+    def _crop_fits(self) -> Preprocessing:
+        if self.resize_size is not None and self.resize_size < self.image_size:
+            raise ValueError(
+                f"resize_size {self.resize_size} is smaller than the image_size {self.image_size} cut from it"
+            )
+        return self
 
     def apply(self, images: np.ndarray) -> np.ndarray:
         """uint8 (N, H, W, C) at ``image_size`` -> the graph's float32 (N, C, H, W): ``float32(pixel) * scale``,

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contract.images import resize_image
 from contract.manifest import Preprocessing
 from export.common import (
     ExportError,
@@ -61,6 +62,7 @@ INPUT, LOGITS, ATTENTIONS = "pixel_values", "logits", "attentions"  # the names 
 LOGITS_TOL, ATTENTION_TOL, PREPROCESSING_TOL = 1e-4, 1e-5, 1e-5
 PARITY_BATCHES = (1, 4)
 PIL_BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, as transformers' image processors record ``resample``
+RESIZE_FILTERS = {2: "bilinear", 3: "bicubic"}  # PIL filter ids -> the manifest's resize (contract/images.py)
 
 
 @dataclass(frozen=True)
@@ -147,18 +149,27 @@ def image_preprocessing(ckpt: Checkpoint, bilinear_resize: bool) -> tuple[dict, 
     target = proc.get("size", {}) if proc.get("do_resize", True) else {"height": size, "width": size}
     if isinstance(target, int):
         target = {"height": target, "width": target}
-    if target.get("height") != size or target.get("width") != size:
-        problems.append(f"it resizes to {target}, not to the model's {size}x{size}")
-    if proc.get("do_resize", True) and proc.get("resample", PIL_BILINEAR) != PIL_BILINEAR:
-        problems.append(f"it resamples with PIL filter {proc.get('resample')}, the service bilinearly")
-    if proc.get("do_center_crop") and proc.get("crop_size") not in (None, {"height": size, "width": size}):
-        problems.append(f"it center-crops to {proc.get('crop_size')}")
+    crop = proc.get("crop_size") if proc.get("do_center_crop") else None
+    if isinstance(crop, int):
+        crop = {"height": crop, "width": crop}
+    resize_size = target.get("height")
+    if target.get("height") != target.get("width") or "shortest_edge" in target:
+        problems.append(f"it resizes to {target}, not to a square (the service resizes to a square)")
+    if crop is not None and crop != {"height": size, "width": size}:
+        problems.append(f"it center-crops to {crop}, not to the model's {size}x{size}")
+    elif crop is None and resize_size != size:
+        problems.append(f"it resizes to {target} without a crop, not to the model's {size}x{size}")
+    elif resize_size is not None and resize_size < size:
+        problems.append(f"it resizes to {target}, smaller than the {size}x{size} crop")
+    resample = proc.get("resample", PIL_BILINEAR) if proc.get("do_resize", True) else PIL_BILINEAR
+    if resample not in RESIZE_FILTERS:
+        problems.append(f"it resamples with PIL filter {resample}; the service has {sorted(RESIZE_FILTERS.values())}")
     if not proc.get("do_resize", True):
         problems.append("it does not resize (the service resizes every image to the model's size)")
     if problems and not bilinear_resize:
         raise UnsupportedCheckpoint(
-            f"{path}: {'; '.join(problems)}. The service resizes bilinearly to {size}x{size}: pass "
-            "--bilinear-resize to import with that preprocessing"
+            f"{path}: {'; '.join(problems)}. Pass --bilinear-resize to import it with a bilinear resize straight "
+            f"to {size}x{size}"
         )
 
     def per_channel(value, default: float) -> list[float]:
@@ -173,7 +184,8 @@ def image_preprocessing(ckpt: Checkpoint, bilinear_resize: bool) -> tuple[dict, 
         "image_size": size,
         "channels": channels,
         "color_mode": "RGB" if channels == 3 else "L",
-        "resize": "bilinear",
+        "resize": "bilinear" if problems else RESIZE_FILTERS[resample],
+        **({"resize_size": resize_size} if not problems and resize_size != size else {}),
         "scale": float(proc.get("rescale_factor", 1 / 255)) if proc.get("do_rescale", True) else 1.0,
         "mean": per_channel(proc.get("image_mean"), 0.0) if normalize else [0.0] * channels,
         "std": per_channel(proc.get("image_std"), 1.0) if normalize else [1.0] * channels,
@@ -212,14 +224,17 @@ def image_parity(model: nn.Module, attention_session, session, x: np.ndarray, ba
 
 
 def preprocessing_parity(ckpt: Checkpoint, prep: dict, images: np.ndarray) -> float:
-    """Max |our normalisation - the checkpoint's image processor| on images at the model's size."""
+    """Max |our resize and normalisation - the checkpoint's image processor| on images of another size."""
     from PIL import Image
     from transformers import AutoImageProcessor
 
-    processor = AutoImageProcessor.from_pretrained(ckpt.folder, local_files_only=True)
+    # the slow processor is the Pillow one, the reference the service's resize (contract/images.py) follows
+    processor = AutoImageProcessor.from_pretrained(ckpt.folder, local_files_only=True, use_fast=False)
+    p = Preprocessing.model_validate(prep)
     pil = [Image.fromarray(im[..., 0] if prep["channels"] == 1 else im, prep["color_mode"]) for im in images]
     theirs = np.asarray(processor(images=pil, return_tensors="np")["pixel_values"], dtype=np.float32)
-    ours = Preprocessing.model_validate(prep).apply(images)
+    resized = [np.asarray(resize_image(im, p.image_size, p.resize, p.resize_size), np.uint8) for im in pil]
+    ours = p.apply(np.stack([r.reshape(p.image_size, p.image_size, -1) for r in resized]))
     return max_abs_diff(ours, theirs)
 
 
@@ -266,7 +281,8 @@ def import_image_classifier(ckpt: Checkpoint, stage: StagedEntry, args: argparse
     images = parity_images(prep)
     x = Preprocessing.model_validate(prep).apply(images)
     report = image_parity(model, cpu_session(attention_graph), cpu_session(graph), x)
-    report["preprocessing_max_abs"] = None if "imported_from" in prep else preprocessing_parity(ckpt, prep, images)
+    odd = parity_images({**prep, "image_size": prep["image_size"] + 37})  # every image goes through the resize
+    report["preprocessing_max_abs"] = None if "imported_from" in prep else preprocessing_parity(ckpt, prep, odd)
     check_image_parity(report)
     attention_io = graph_io(attention_graph)
     tokens = attention_io["outputs"][1]["shape"][-1]

@@ -26,6 +26,8 @@ class Preprocessing:
     scale: np.float32
     mean: np.ndarray  # (C,) float32
     std: np.ndarray  # (C,) float32
+    resize: str = "bilinear"  # how a decoded image reaches image_size (contract/images.py)
+    resize_size: int | None = None
     lut: np.ndarray = field(init=False, repr=False, compare=False)  # (C, 256) float32: every uint8 value normalised
 
     def __post_init__(self) -> None:
@@ -39,7 +41,7 @@ class Preprocessing:
         if p is None:
             raise ManifestError(f"{manifest.name}/{manifest.version}: the manifest has no preprocessing section")
         mean, std = np.asarray(p.mean, np.float32), np.asarray(p.std, np.float32)
-        return cls(p.image_size, p.channels, p.color_mode, np.float32(p.scale), mean, std)
+        return cls(p.image_size, p.channels, p.color_mode, np.float32(p.scale), mean, std, p.resize, p.resize_size)
 
     def stack(self, images: list[np.ndarray]) -> np.ndarray:
         """Decoded uint8 images (H, W) or (H, W, C) -> one uint8 block (N, H, W, C) to queue."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from contract.images import resize_image
 from service import png
 from service.errors import ImageTooLarge, UndecodableImage
 
@@ -53,23 +54,34 @@ def open_image(data: bytes, limits: ImageLimits) -> Image.Image:
     return im
 
 
-def to_pixels(im: Image.Image, image_size: int, color_mode: str) -> np.ndarray:
-    """Decode and convert exactly like training: uint8 (H, W) for "L", (H, W, C) otherwise."""
+def to_pixels(
+    im: Image.Image, image_size: int, color_mode: str, resize: str = "bilinear", resize_size: int | None = None
+) -> np.ndarray:
+    """Decode and convert exactly like training: uint8 (H, W) for "L", (H, W, C) otherwise; resized as the
+    manifest says (``contract.images.resize_image``)."""
     try:
         im.load()  # decodes the first frame (GIF, multi-page TIFF) only
         ImageOps.exif_transpose(im, in_place=True)  # same pixels as training's copy, without copying
         if im.mode != color_mode:  # converting to the same mode would only copy
             im = im.convert(color_mode)
-        if im.size != (image_size, image_size):
-            im = im.resize((image_size, image_size), Image.Resampling.BILINEAR)
+        im = resize_image(im, image_size, resize, resize_size)
         return np.asarray(im, dtype=np.uint8)
     except Exception as e:  # truncated data, corrupt chunks, unsupported modes...
         raise UndecodableImage(f"cannot decode the image: {_reason(e)}") from e
 
 
-def decode(data: bytes, limits: ImageLimits, image_size: int, color_mode: str) -> np.ndarray:
-    pixels = _fast_png(data, limits, image_size, color_mode)
-    return pixels if pixels is not None else to_pixels(open_image(data, limits), image_size, color_mode)
+def decode(
+    data: bytes,
+    limits: ImageLimits,
+    image_size: int,
+    color_mode: str,
+    resize: str = "bilinear",
+    resize_size: int | None = None,
+) -> np.ndarray:
+    pixels = _fast_png(data, limits, image_size, color_mode) if resize_size in (None, image_size) else None
+    if pixels is not None:
+        return pixels
+    return to_pixels(open_image(data, limits), image_size, color_mode, resize, resize_size)
 
 
 def _fast_png(data: bytes, limits: ImageLimits, image_size: int, color_mode: str) -> np.ndarray | None:
@@ -91,17 +103,19 @@ class ImageDecoder:
         self.inline_max_pixels = inline_max_pixels
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
 
-    async def decode(self, data: bytes, image_size: int, color_mode: str) -> np.ndarray:
-        if image_size * image_size <= self.inline_max_pixels:
-            pixels = _fast_png(data, self.limits, image_size, color_mode)
+    async def decode(
+        self, data: bytes, image_size: int, color_mode: str, resize: str = "bilinear", resize_size: int | None = None
+    ) -> np.ndarray:
+        if image_size * image_size <= self.inline_max_pixels and resize_size in (None, image_size):
+            pixels = _fast_png(data, self.limits, image_size, color_mode)  # already the model's size: no resize
             if pixels is not None:
                 return pixels
         im = open_image(data, self.limits)
         width, height = im.size
         if width * height <= self.inline_max_pixels:
-            return to_pixels(im, image_size, color_mode)
+            return to_pixels(im, image_size, color_mode, resize, resize_size)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, to_pixels, im, image_size, color_mode)
+        return await loop.run_in_executor(self._executor, to_pixels, im, image_size, color_mode, resize, resize_size)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -34,6 +34,15 @@ IMAGE_MODELS = {  # entry name -> transformers class
     "hf-deit": "DeiTForImageClassification",
     "hf-deit-teacher": "DeiTForImageClassificationWithTeacher",
 }
+# DeiT's own recipe: bicubic to a larger square, then the centre crop (here 40 -> 32)
+PROCESSORS = {
+    "hf-deit-teacher": {
+        "resample": 3,
+        "size": {"height": IMAGE_SIZE + 8, "width": IMAGE_SIZE + 8},
+        "do_center_crop": True,
+        "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+    }
+}
 MARIAN = "hf-marian"
 
 
@@ -164,7 +173,7 @@ def reference(folder, architecture: str, pixels: np.ndarray) -> tuple[np.ndarray
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-checkpoints")
     for name, architecture in IMAGE_MODELS.items():
-        save_image_classifier(root / name, architecture)
+        save_image_classifier(root / name, architecture, **PROCESSORS.get(name, {}))
     save_marian(root / MARIAN)
     return root
 
@@ -315,15 +324,22 @@ def test_an_unsupported_architecture_is_one_clear_line(tmp_path):
 
 
 def test_a_processor_the_service_cannot_reproduce_is_refused_unless_accepted(tmp_path):
-    folder = tmp_path / "bicubic"
-    save_image_classifier(folder, "ViTForImageClassification", resample=3)
-    args = ["--model-dir", str(folder), "--name", "bicubic", "--repository", str(tmp_path / "models")]
-    with pytest.raises(huggingface.UnsupportedCheckpoint, match="resamples with PIL filter 3.*--bilinear-resize"):
+    folder = tmp_path / "nearest"
+    save_image_classifier(folder, "ViTForImageClassification", resample=0)
+    args = ["--model-dir", str(folder), "--name", "nearest", "--repository", str(tmp_path / "models")]
+    with pytest.raises(huggingface.UnsupportedCheckpoint, match="resamples with PIL filter 0.*--bilinear-resize"):
         huggingface.main(args)
-    assert not (tmp_path / "models" / "bicubic" / "1").exists()
+    assert not (tmp_path / "models" / "nearest" / "1").exists()
     assert huggingface.main([*args, "--bilinear-resize"]) == 0
-    prep = read_manifest(tmp_path / "models" / "bicubic" / "1")["preprocessing"]
-    assert prep["resize"] == "bilinear" and prep["imported_from"]["processor"]["resample"] == 3
+    prep = read_manifest(tmp_path / "models" / "nearest" / "1")["preprocessing"]
+    assert prep["resize"] == "bilinear" and prep["imported_from"]["processor"]["resample"] == 0
+
+
+def test_a_bicubic_resize_and_centre_crop_are_imported_as_the_processor_does_them(repository):
+    prep = read_manifest(repository / "hf-deit-teacher" / "1")["preprocessing"]
+    assert (prep["resize"], prep["resize_size"], prep["image_size"]) == ("bicubic", IMAGE_SIZE + 8, IMAGE_SIZE)
+    assert "imported_from" not in prep  # reproduced, not approximated: the parity check covered the resize
+    assert read_manifest(repository / "hf-vit" / "1")["preprocessing"]["resize"] == "bilinear"
 
 
 def test_a_generation_setting_our_decoding_would_not_honour_is_refused_by_name(checkpoints, tmp_path):

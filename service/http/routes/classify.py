@@ -174,7 +174,7 @@ async def decode_images(images: list[bytes], classifier: Classifier, decoder: Im
     pixels = []
     for i, data in enumerate(images):
         try:
-            pixels.append(await decoder.decode(data, prep.image_size, prep.color_mode))
+            pixels.append(await decoder.decode(data, prep.image_size, prep.color_mode, prep.resize, prep.resize_size))
         except ServiceError as e:
             if len(images) > 1:
                 e.message = f"images[{i}]: {e.message}"
