@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SETTINGS_KEY = "x-settings"
+
+
+def bounded_by(**keywords: Any) -> dict[str, Any]:
+    """``json_schema_extra`` for a field bounded by a setting, such as ``maxItems="max_texts_per_request"``.
+
+    The handlers check these limits against the running service's settings, which a class cannot
+    know; the OpenAPI document (``service/http/openapi.py``) writes in the settings' values. Values
+    are setting names, or nested keywords (``items={"maxLength": "max_text_chars"}``).
+    """
+    return {SETTINGS_KEY: keywords}
 
 
 class ClassifyOptions(BaseModel):
@@ -12,7 +24,12 @@ class ClassifyOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    top_k: int = Field(5, ge=1, description="How many labels to return per image, best first.")
+    top_k: int = Field(
+        5,
+        ge=1,
+        description="How many labels to return per image, best first (at most the model's number of labels).",
+        json_schema_extra=bounded_by(maximum="max_top_k"),
+    )
     model: str | None = Field(
         None,
         min_length=1,
@@ -35,6 +52,7 @@ class ClassifyJSONRequest(ClassifyOptions):
     images: list[str] = Field(
         min_length=1,
         description="Images, each base64-encoded (standard alphabet; a `data:image/...;base64,` prefix is accepted).",
+        json_schema_extra=bounded_by(maxItems="max_images_per_request"),
     )
 
 
@@ -73,24 +91,56 @@ class ClassifyResponse(BaseModel):
     results: list[ImageResult] = Field(description="One entry per image, in request order.")
 
 
-class TranslateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+_ONE_OF_TEXT_OR_TEXTS = {
+    "oneOf": [
+        {"required": ["text"], "properties": {"text": {"type": "string"}}},
+        {"required": ["texts"], "properties": {"texts": {"type": "array"}}},
+    ]
+}
+NOT_BLANK = {"pattern": r"\S"}  # documents the handler's check, which also ignores invisible characters
+Text = Annotated[str, Field(json_schema_extra=NOT_BLANK)]
 
-    text: str | None = Field(None, description="One English text (or use `texts`).")
-    texts: list[str] | None = Field(None, min_length=1, description="Several texts, translated together.")
+
+class TranslateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_ONE_OF_TEXT_OR_TEXTS)
+
+    text: Text | None = Field(
+        None,
+        description="One English text (or use `texts`), not blank.",
+        json_schema_extra=bounded_by(maxLength="max_text_chars"),
+    )
+    texts: list[Text] | None = Field(
+        None,
+        min_length=1,
+        description="Several texts, translated together.",
+        json_schema_extra=bounded_by(maxItems="max_texts_per_request", items={"maxLength": "max_text_chars"}),
+    )
     model: str | None = Field(
         None,
         min_length=1,
         max_length=200,
         description="Model name, or `name:version` to pin a version (default: the first translation model).",
     )
-    beam_size: int = Field(1, ge=1, description="1: greedy decoding; up to the service's `max_beam_size` (8).")
+    beam_size: int = Field(
+        1,
+        ge=1,
+        description="1: greedy decoding; up to the service's `max_beam_size`.",
+        json_schema_extra=bounded_by(maximum="max_beam_size"),
+    )
     length_penalty: float = Field(
         1.0, ge=0.0, le=5.0, description="Beam hypotheses are ranked by score / length**length_penalty."
     )
-    num_return_sequences: int = Field(1, ge=1, description="n-best list size (at most `beam_size`); > 1 adds `nbest`.")
+    num_return_sequences: int = Field(
+        1,
+        ge=1,
+        description="n-best list size (at most `beam_size`); > 1 adds `nbest`.",
+        json_schema_extra=bounded_by(maximum="max_beam_size"),
+    )
     max_new_tokens: int | None = Field(
-        None, ge=1, description="Generated-token limit (default: 1.5 x source tokens + 10, capped)."
+        None,
+        ge=1,
+        description="Generated-token limit (default: 1.5 x source tokens + 10, capped; at most the model's positions).",
+        json_schema_extra=bounded_by(maximum="max_new_tokens"),
     )
     return_attention: bool = Field(
         False,
@@ -155,6 +205,12 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+class ProtocolErrorResponse(BaseModel):
+    """The Open Inference Protocol's error body: the message only (the service's code is in its log)."""
+
+    error: str = Field(description="What went wrong, for a person.")
 
 
 class ModelInput(BaseModel):

@@ -113,9 +113,9 @@ class App(FastAPI):
         self.state.metrics = Metrics()
         self.routes_table = ROUTES
         hashes = read_hashes(settings.api_key_hashes, settings.api_key_hashes_file)
-        stack: ASGIApp = Router(ROUTES, Keys(hashes) if hashes else None, settings.protect_metrics)
-        stack = BodyLimitMiddleware(
-            stack, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
+        self.http_router = Router(ROUTES, Keys(hashes) if hashes else None, settings.protect_metrics)
+        stack: ASGIApp = BodyLimitMiddleware(
+            self.http_router, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
         )
         if settings.cors_origins:  # outside the body limit: a preflight has no body, an error answer gets the headers
             stack = Cors(stack, settings.cors_origins)
@@ -131,7 +131,12 @@ class App(FastAPI):
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
             self.openapi_schema = openapi_document(
-                self.routes_table, title=self.title, version=self.version, summary=self.summary or ""
+                self.routes_table,
+                title=self.title,
+                version=self.version,
+                summary=self.summary or "",
+                settings=self.state.settings,
+                guarded=self.http_router.guards,
             )
         return self.openapi_schema
 

@@ -21,7 +21,13 @@ from service.errors import InvalidTimeout
 from service.settings import Settings
 
 HEADER = "x-request-timeout"
-_SECONDS = re.compile(r"\d{1,9}(\.\d{1,9})?")
+# Seconds above 0: digits, then optionally a point and at most 9 decimals (so no value rounds to 0 s).
+# Spelled as one regular expression, without look-arounds, so that the OpenAPI document states
+# exactly this grammar and any JSON Schema tool can check it: a whole part with a digit other than 0,
+# or a whole part of zeros and decimals with one.
+_NONZERO_DECIMALS = "|".join("0" * zeros + "[1-9]" + f"[0-9]{{0,{8 - zeros}}}" * (zeros < 8) for zeros in range(9))
+TIMEOUT_PATTERN = rf"^(?:[0-9]*[1-9][0-9]*(?:\.[0-9]{{1,9}})?|0+\.(?:{_NONZERO_DECIMALS}))$"
+_SECONDS = re.compile(TIMEOUT_PATTERN)
 
 
 def request_deadline(
@@ -43,7 +49,7 @@ def header_timeout(request: Request) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if not _SECONDS.fullmatch(value) or float(value) <= 0:
+    if not _SECONDS.fullmatch(value):
         raise InvalidTimeout(f"{HEADER}: must be a number of seconds above 0 such as 2.5, got {value[:40]!r}")
     return float(value)
 

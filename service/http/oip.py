@@ -101,7 +101,10 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
     if offset != len(binary):
         raise InvalidField(f"{len(binary) - offset} bytes of binary data follow the inputs that declare theirs")
     outputs = {}
-    for spec in doc.get("outputs") or []:
+    requested = doc.get("outputs")
+    if not isinstance(requested, (list, type(None))):
+        raise InvalidField("`outputs` must be a list")
+    for spec in requested or []:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise InvalidField("each requested output is an object with a `name`")
         outputs[spec["name"]] = _parameters(spec, f"output {spec['name']!r}")
@@ -112,7 +115,9 @@ def read_request(body: bytes, header_length: str | None) -> InferRequest:
 
 
 def _parameters(spec: dict, where: str) -> dict[str, Any]:
-    params = spec.get("parameters") or {}
+    params = spec.get("parameters")
+    if params is None:
+        return {}
     if not isinstance(params, dict):
         raise InvalidField(f"{where}: `parameters` must be an object")
     return params

@@ -32,6 +32,7 @@ from service.errors import DeadlineExceeded, ServiceError, error_response, log_s
 from service.http.auth import Keys
 from service.http.common import validated
 from service.http.deadlines import count_exceeded
+from service.schemas import ErrorResponse
 
 Handler = Callable[..., Awaitable[Response]]
 ErrorFormat = Callable[[int, str, str, "dict[str, str] | None"], Response]
@@ -44,9 +45,13 @@ HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"
 class Route:
     """One endpoint. ``body``, ``response`` and ``errors`` only document it; ``query`` is also validated.
 
-    ``body``: a pydantic model (a required JSON body) or media type -> ``{"schema": model or JSON schema}``;
+    ``body``: a pydantic model (a JSON body) or media type -> ``{"schema": model or JSON schema}``;
+    ``body_required``: whether a request must have that body;
     ``response``: a pydantic model (200 JSON) or an OpenAPI ``content`` mapping;
-    ``errors``: status -> description of the error answers it gives (``ErrorResponse`` bodies).
+    ``errors``: status -> description of the error answers it gives (``error_model`` bodies), besides
+    those every route of its kind gives (``service/http/openapi.py`` adds them: 401 with keys on,
+    408 and 413 with a body, 400 and 504 with a deadline);
+    ``deadline``: the handler queues work under the request's deadline (``X-Request-Timeout``).
     """
 
     method: str
@@ -55,13 +60,17 @@ class Route:
     summary: str = ""
     tags: tuple[str, ...] = ()
     query: type[BaseModel] | None = None
+    parameters: tuple[dict, ...] = ()  # OpenAPI parameters the handler reads besides path and query (headers)
     body: type[BaseModel] | dict | None = None
+    body_required: bool = True
     response: type[BaseModel] | dict | None = None
     errors: dict[int, str] = field(default_factory=dict)
     extra_responses: dict[int, dict] = field(default_factory=dict)
     documented: bool = True
     access: str = "key"  # "key": needs an API key when keys are set; "open": never; "metrics": as /metrics is set
+    deadline: bool = False
     error_format: ErrorFormat = error_response  # (status, code, message, headers) -> the error answer
+    error_model: type[BaseModel] = ErrorResponse  # the body error_format writes, for the OpenAPI document
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -113,6 +122,10 @@ class Router:
                     raise ValueError(f"{method} {route.path} is declared twice")
                 by_method[method] = route
 
+    def guards(self, route: Route) -> bool:
+        """Whether ``route`` answers 401 without an accepted key."""
+        return self.keys is not None and route.access in self._guarded
+
     def match(self, path: str) -> tuple[dict[str, Route], dict[str, Any]]:
         """The routes of ``path`` by method (empty if none) and its path parameters."""
         by_method = self._exact.get(path)
@@ -139,7 +152,7 @@ class Router:
         scope["path_params"] = params
         request = Request(scope, receive)
         try:
-            if self.keys is not None and route.access in self._guarded:
+            if self.keys is not None and route.access in self._guarded:  # = self.guards(route), inlined
                 scope["key_id"] = self.keys.check(request.headers.get("authorization"))
             serving = scope["app"].state.serving
             if route.query is None:

@@ -30,8 +30,8 @@ NPZ_TYPES = ("application/x-npz", "application/octet-stream")
 
 class MapQuery(BaseModel):
     kind: str | None = Field(None, description="Which maps: see the route's description.")
-    layer: int | None = Field(None, description="Keep only this layer (0-based).")
-    head: int | None = Field(None, description="Keep only this head (0-based); PNG: omitted = mean over heads.")
+    layer: int | None = Field(None, ge=0, description="Keep only this layer (0-based).")
+    head: int | None = Field(None, ge=0, description="Keep only this head (0-based); PNG: omitted = mean over heads.")
     fusion: Literal["mean", "max"] = Field("mean", description="ViT rollout: fuse heads by their mean or max.")
 
 
@@ -120,7 +120,11 @@ def _token_heatmap(record: AttentionRecord, kind: str, layer: int | None, head: 
     return lambda: render.token_grid(matrix, rows, cols, title, row_title, col_title)
 
 
-_ERRORS = {404: "Unknown or expired attention id.", 422: "A layer, head or kind the record does not have."}
+_ERRORS = {
+    404: "Unknown or expired attention id (or another API key's).",
+    422: "A layer, head or kind the record does not have.",
+    503: "The shared attention store (Redis) cannot be reached.",
+}
 ROUTES = [  # the .png route first: `{attention_id}` alone would match `abc.png` too
     Route(
         "GET",

@@ -41,7 +41,7 @@ from service.http.deadlines import request_deadline
 from service.http.router import Route
 from service.http.serving import Serving
 from service.images import ImageDecoder
-from service.schemas import ClassifyJSONRequest, ClassifyOptions, ClassifyResponse
+from service.schemas import ClassifyJSONRequest, ClassifyOptions, ClassifyResponse, bounded_by
 from service.settings import Settings
 
 MULTIPART_TYPE = "multipart/form-data"
@@ -182,21 +182,31 @@ async def decode_images(images: list[bytes], classifier: Classifier, decoder: Im
     return prep.stack(pixels)
 
 
-_MULTIPART_SCHEMA = {
-    "type": "object",
-    "required": ["file"],
-    "properties": {
-        "file": {
-            "type": "array",
-            "items": {"type": "string", "format": "binary"},
-            "description": "One `file` part per image.",
-        },
-        "top_k": {"type": "integer", "default": 5, "minimum": 1},
-        "model": {"type": "string"},
-        "return_attention": {"type": "boolean", "default": False},
-        "rollout_fusion": {"type": "string", "enum": ["mean", "max"], "default": "mean"},
-    },
-}
+def _multipart_schema() -> dict:
+    """The multipart form: `file` parts, and ``ClassifyOptions``' fields as text parts (so never null)."""
+    fields = {}
+    for name, prop in ClassifyOptions.model_json_schema()["properties"].items():
+        prop.pop("title", None)
+        for branch in prop.pop("anyOf", ()):
+            if branch.get("type") != "null":
+                prop.update(branch)
+        if prop.get("default", "") is None:
+            del prop["default"]
+        fields[name] = prop
+    file = {
+        "type": "array",
+        "items": {"type": "string", "format": "binary"},
+        "minItems": 1,
+        "description": "One `file` part per image (a file part: `curl -F file=@image.png`).",
+        **bounded_by(maxItems="max_images_per_request"),
+    }
+    return {
+        "type": "object",
+        "required": ["file"],
+        "properties": {"file": file, **fields},
+        "additionalProperties": False,
+    }
+
 
 ROUTES = [
     Route(
@@ -207,16 +217,16 @@ ROUTES = [
         tags=("classification",),
         body={
             JSON_TYPE: {"schema": ClassifyJSONRequest},
-            MULTIPART_TYPE: {"schema": _MULTIPART_SCHEMA},
+            MULTIPART_TYPE: {"schema": _multipart_schema(), "encoding": {"file": {"contentType": "image/*"}}},
         },
         response=ClassifyResponse,
+        deadline=True,
         errors={
             400: "Undecodable image, invalid base64, JSON or multipart body, invalid `X-Request-Timeout`.",
             404: "Unknown model.",
-            408: "The body did not arrive within `ATTNSERVE_BODY_TIMEOUT_S`; the connection is closed.",
             413: "Body or image too large (bytes or pixels).",
             415: "Content type is neither JSON nor multipart.",
-            422: "Invalid field (top_k out of range, too many images, ...).",
+            422: "Invalid field (top_k out of range, too many or no images, an unknown field, ...).",
             500: "Inference failed; the request id identifies it in the logs.",
             503: "Queue full or model not ready; see `Retry-After`.",
             504: "The request's deadline passed before its answer was ready.",

@@ -39,7 +39,7 @@ from service.http.routes.classify import attach_attention, decode_images
 from service.http.routes.translate import translate_texts
 from service.http.serving import Serving
 from service.registry import ServedModel, Status
-from service.schemas import ClassifyOptions, TranslateRequest
+from service.schemas import ClassifyOptions, ProtocolErrorResponse, TranslateRequest
 from service.translator import TASK as TRANSLATION
 
 PLATFORM = "onnxruntime_onnx"
@@ -248,6 +248,8 @@ async def repository_index(request: Request, serving: Serving) -> Response:
     `{"ready": true}` keeps the ready ones only."""
     raw = await request.body()
     options = oip.json_object(raw) if raw.strip() else {}
+    if not isinstance(options.get("ready", False), bool):
+        raise InvalidField("`ready` must be true or false")
     entries = serving.lifecycle.index()
     if options.get("ready") is True:
         entries = [e for e in entries if e["state"] == "READY"]
@@ -268,22 +270,67 @@ async def repository_unload(request: Request, serving: Serving) -> Response:
     return _json({})
 
 
+_TENSOR = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"type": "string", "enum": ["BYTES", *oip.NUMERIC]},
+        "parameters": {
+            "type": ["object", "null"],
+            "description": "`binary_data_size`: this input's bytes in the binary part of the body.",
+        },
+        "data": {"description": "The elements, flat or nested, row-major (BYTES: strings; JSON images: base64)."},
+    },
+}
+_INFER_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"description": "Echoed in the answer, as a string."},
+        "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+        "outputs": {
+            "type": ["array", "null"],
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string"}, "parameters": {"type": ["object", "null"]}},
+            },
+        },
+        "parameters": {
+            "type": ["object", "null"],
+            "description": "`timeout` (microseconds), `binary_data_output`, `return_attention`; translation: "
+            "`beam_size`, `length_penalty`, `num_return_sequences`, `max_new_tokens`.",
+        },
+    },
+}
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+_HEADER_LENGTH = {
+    "name": "Inference-Header-Content-Length",
+    "in": "header",
+    "required": False,
+    "description": "Binary tensor data extension: the length of the JSON header that starts the body.",
+    "schema": {"type": "integer", "minimum": 0},
+}
+
+
 def _routes() -> list[Route]:
-    common = {"tags": ("open inference protocol",), "error_format": oip.error_response}
+    common = {
+        "tags": ("open inference protocol",),
+        "error_format": oip.error_response,
+        "error_model": ProtocolErrorResponse,
+    }
     errors = {404: "No such model or version.", 503: "Not ready, or the queue is full (`Retry-After`)."}
     infer_errors = {
         **errors,
         400: "Invalid JSON, or an invalid `timeout` parameter or `X-Request-Timeout`.",
-        408: "The body did not arrive within `ATTNSERVE_BODY_TIMEOUT_S`; the connection is closed.",
-        413: "Body too large.",
+        413: "Body, image or text too large.",
         415: "Compressed body.",
         422: "Inputs, outputs or parameters the model cannot take.",
-        504: "The request's deadline passed before its answer was ready.",
     }
-    body = {
-        JSON_TYPE: {"schema": {"type": "object", "required": ["inputs"]}},
-        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-    }
+    body = {JSON_TYPE: {"schema": _INFER_REQUEST}, "application/octet-stream": _BINARY}
+    answer = {JSON_TYPE: {"schema": {"type": "object"}}, "application/octet-stream": _BINARY}
     routes = [
         Route("GET", "/v2", server_metadata, summary="Server metadata", **common),
         Route("GET", "/v2/health/live", server_live, summary="Server liveness", access="open", **common),
@@ -301,11 +348,38 @@ def _routes() -> list[Route]:
         routes += [
             Route("GET", prefix, model_metadata, summary="Model metadata", errors=errors, **common),
             Route("GET", f"{prefix}/ready", model_ready, summary="Model readiness", errors=errors, **common),
-            Route("POST", f"{prefix}/infer", infer, summary="Inference", body=body, errors=infer_errors, **common),
+            Route(
+                "POST",
+                f"{prefix}/infer",
+                infer,
+                summary="Inference",
+                body=body,
+                response=answer,
+                parameters=(_HEADER_LENGTH,),
+                errors=infer_errors,
+                deadline=True,
+                **common,
+            ),
         ]
     lifecycle_errors = {404: "No such model folder.", 400: "A version failed to load.", 409: "The model is busy."}
+    index_body = {
+        JSON_TYPE: {"schema": {"type": "object", "properties": {"ready": {"type": "boolean", "default": False}}}}
+    }
+    index_errors = {400: "Invalid JSON.", 422: "Not a JSON object, or `ready` is not a boolean."}
+    routes.append(
+        Route(
+            "POST",
+            "/v2/repository/index",
+            repository_index,
+            summary="Repository index",
+            body=index_body,
+            body_required=False,
+            response={JSON_TYPE: {"schema": {"type": "array", "items": {"type": "object"}}}},
+            errors=index_errors,
+            **common,
+        )
+    )
     routes += [
-        Route("POST", "/v2/repository/index", repository_index, summary="Repository index", **common),
         Route("POST", "/v2/repository/models/{name}/load", repository_load, summary="Load a model", errors=lifecycle_errors, **common),
         Route("POST", "/v2/repository/models/{name}/unload", repository_unload, summary="Unload a model", errors=lifecycle_errors, **common),
     ]  # fmt: skip

@@ -24,6 +24,7 @@ from service.engine.scheduler import Scheduler, Ticket
 from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.http.common import JSON_TYPE, KeyedStore, answer_or_disconnect, attention_store, parse_json_body
 from service.http.deadlines import count_exceeded, request_deadline
+from service.http.openapi import REF
 from service.http.router import Route
 from service.http.serving import Serving
 from service.registry import ServedModel
@@ -157,6 +158,33 @@ async def _events(
         ticket.cancel()
 
 
+def _event(name: str, data: dict, description: str) -> dict:
+    return {
+        "description": description,
+        "properties": {"event": {"const": name}, "data": {"contentMediaType": JSON_TYPE, "contentSchema": data}},
+    }
+
+
+_EVENT = {  # the schema of each event (OpenAPI 3.1: `schema` of an event stream describes one event)
+    "description": "With `stream: true`: a `token` event per generated token, then `done` or `error`.",
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {"event": {"enum": ["token", "done", "error"]}, "data": {"type": "string"}},
+    "oneOf": [
+        _event(
+            "token",
+            {
+                "type": "object",
+                "required": ["index", "token", "text"],
+                "properties": {"index": {"type": "integer"}, "token": {"type": "string"}, "text": {"type": "string"}},
+            },
+            "One generated token (a subword piece) and the translation so far.",
+        ),
+        _event("done", {"$ref": REF.format(model="TranslateResponse")}, "The answer a non-streamed request gets."),
+        _event("error", {"$ref": REF.format(model="ErrorResponse")}, "Decoding failed or the deadline passed."),
+    ],
+}
+
 ROUTES = [
     Route(
         "POST",
@@ -167,15 +195,16 @@ ROUTES = [
         body=TranslateRequest,
         response={
             JSON_TYPE: {"schema": TranslateResponse},
-            "text/event-stream": {"schema": {"type": "string", "description": "With `stream: true`."}},
+            "text/event-stream": {"schema": _EVENT},
         },
+        deadline=True,
         errors={
             400: "Invalid JSON, or an invalid `X-Request-Timeout`.",
             404: "Unknown model, or not a translation model.",
-            408: "The body did not arrive within `ATTNSERVE_BODY_TIMEOUT_S`; the connection is closed.",
-            413: "Body or text too long.",
+            413: "Body or text too long (characters or tokens).",
             415: "Content type is not JSON.",
-            422: "Invalid field (beam_size above the limit, too many texts, ...).",
+            422: "Invalid field (neither or both of `text` and `texts`, a blank text, beam_size above the limit, "
+            "num_return_sequences above beam_size, too many texts, `stream` with several texts, ...).",
             500: "Decoding failed; the request id identifies it in the logs.",
             503: "Queue full or model not ready; see `Retry-After`.",
             504: "The request's deadline passed before its answer was ready (a stream ends with an `error` event).",

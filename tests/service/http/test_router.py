@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import re
 from types import SimpleNamespace
 
 import httpx
@@ -14,10 +16,13 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from service.errors import Overloaded
+from service.errors import InvalidTimeout, Overloaded
+from service.http.auth import Keys
+from service.http.deadlines import TIMEOUT_PATTERN, header_timeout
 from service.http.openapi import openapi_document
 from service.http.router import Route, Router
 from service.http.routes import ROUTES
+from service.settings import Settings
 from tests.service.service_testing import metric_value
 
 
@@ -147,6 +152,59 @@ def test_the_service_openapi_document_is_valid_and_documents_every_declared_rout
     params = {p["name"]: p for p in doc["paths"]["/attention/{attention_id}"]["get"]["parameters"]}
     assert params["attention_id"]["in"] == "path" and params["layer"]["in"] == "query"
     assert set(params) == {"attention_id", "kind", "layer", "head", "fusion", "format"}
+
+
+def test_the_document_states_the_running_service_limits_headers_keys_and_error_bodies():
+    settings = Settings(model_repository="models", max_texts_per_request=3, max_top_k=7, api_key_hashes=("a" * 64,))
+    router = Router(ROUTES, Keys(settings.api_key_hashes))
+    doc = openapi_document(ROUTES, title="attnserve", version="0", summary="", settings=settings, guarded=router.guards)
+    validate(doc)
+    assert "x-settings" not in json.dumps(doc)  # every marker replaced by its setting's value
+    schemas = doc["components"]["schemas"]
+    texts = schemas["TranslateRequest"]["properties"]["texts"]["anyOf"][0]
+    assert texts["maxItems"] == 3 and texts["items"]["maxLength"] == settings.max_text_chars
+    assert schemas["ClassifyJSONRequest"]["properties"]["top_k"]["maximum"] == 7
+    multipart = doc["paths"]["/classify"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert multipart["properties"]["file"]["minItems"] == 1 and multipart["properties"]["top_k"]["maximum"] == 7
+    for route in ROUTES:
+        if not route.documented:
+            continue
+        op = doc["paths"][route.path][route.method.lower()]
+        headers = {p["name"] for p in op.get("parameters", ()) if p["in"] == "header"}
+        assert ("X-Request-Timeout" in headers) is route.deadline, route.path
+        assert ("504" in op["responses"]) is route.deadline, route.path
+        assert ("401" in op["responses"]) is router.guards(route) is ("security" in op), route.path
+        if route.body is not None:
+            assert {"408", "413"} <= set(op["responses"]), route.path
+        error = op["responses"].get("404", op["responses"].get("401"))
+        if error is not None:
+            oip = route.path.startswith("/v2")
+            assert error["content"]["application/json"]["schema"]["$ref"].endswith(
+                "ProtocolErrorResponse" if oip else "/ErrorResponse"
+            ), route.path
+    assert doc["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API key (see docs/security.md).",
+    }
+    assert "401" not in doc["paths"]["/healthz"]["get"]["responses"]
+    assert (
+        "401" not in openapi_document(ROUTES, title="", version="", summary="")["paths"]["/models"]["get"]["responses"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [("2.5", True), ("0.000000001", True), ("007", True), ("0", False), ("0.0", False), ("0.0000000001", False)],
+)
+def test_the_documented_x_request_timeout_pattern_is_the_grammar_the_service_checks(value, accepted):
+    assert bool(re.search(TIMEOUT_PATTERN, value)) is accepted
+    request = SimpleNamespace(headers={"x-request-timeout": value})
+    if accepted:
+        assert header_timeout(request) == float(value)
+    else:
+        with pytest.raises(InvalidTimeout):
+            header_timeout(request)
 
 
 def test_every_request_goes_through_the_one_stack(thread_server, fashion_pngs):
