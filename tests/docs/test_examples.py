@@ -268,6 +268,17 @@ def check_cd(args: list[str], cwd: Path) -> None:
     assert (cwd / args[0]).is_dir()
 
 
+def check_schemathesis(args: list[str], cwd: Path) -> None:
+    """The contract test's tool (test extra): its config file exists and the paths it names are routes."""
+    from service.http.routes import ROUTES
+
+    assert (cwd / args[args.index("--config-file") + 1]).is_file()
+    paths = {r.path for r in ROUTES}
+    for i, arg in enumerate(args):
+        if arg in ("--include-path", "--exclude-path"):
+            assert args[i + 1] in paths, f"{arg} {args[i + 1]}: no such route"
+
+
 CHECKS: dict[str, Callable[[list[str], Path], None]] = {
     "make": check_make,
     "python": check_python,
@@ -279,6 +290,7 @@ CHECKS: dict[str, Callable[[list[str], Path], None]] = {
     "cd": check_cd,
     "kustomize": lambda args, cwd: None,  # edits deploy/k8s/kustomization.yaml, which check_kubectl reads
     ".venv/bin/ruff": lambda args, cwd: None,  # the linter of the test extra, on the tree
+    ".venv/bin/schemathesis": check_schemathesis,
 }
 
 
