@@ -36,9 +36,12 @@ class AsyncClient(BaseClient):
         api_key: str | None = None,
         timeout: float | httpx.Timeout | None = None,
         max_retries: int | None = None,
+        deadline: float | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        super().__init__(
+            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries, deadline=deadline
+        )
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient()
         self._sleep = asyncio.sleep

@@ -79,6 +79,7 @@ class BaseClient:
         api_key: str | None,
         timeout: float | httpx.Timeout | None,
         max_retries: int | None,
+        deadline: float | None = None,
     ) -> None:
         self.base_url = (base_url or os.environ.get("ATTNSERVE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         if not self.base_url.startswith(("http://", "https://")):
@@ -90,6 +91,10 @@ class BaseClient:
         )
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        # seconds the service may spend on a request (X-Request-Timeout); None: the service's own default
+        self.deadline = deadline if deadline is not None else _env_number("ATTNSERVE_DEADLINE", float, None)
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {self.deadline}")
         self.retry_policy = RetryPolicy()
 
     def __repr__(self) -> str:
@@ -104,6 +109,8 @@ class BaseClient:
         }
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        if self.deadline is not None:
+            headers["X-Request-Timeout"] = format(self.deadline, ".6f").rstrip("0").rstrip(".")
         params = {k: v for k, v in (call.params or {}).items() if v is not None}
         return http.build_request(
             call.method,

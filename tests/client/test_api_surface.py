@@ -53,6 +53,6 @@ def test_async_methods_are_coroutines_and_documented_like_their_twins():
 def test_constructor_arguments_are_keyword_only():
     for cls in (Client, AsyncClient):
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-        assert [p.name for p in params] == ["base_url", "api_key", "timeout", "max_retries", "http_client"]
+        assert [p.name for p in params] == ["base_url", "api_key", "timeout", "max_retries", "deadline", "http_client"]
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params)
     assert hasattr(Client, "__enter__") and hasattr(AsyncClient, "__aenter__")

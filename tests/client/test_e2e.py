@@ -15,6 +15,7 @@ import pytest
 from attnserve_client import (
     APIConnectionError,
     BadRequestError,
+    DeadlineExceededError,
     DoneEvent,
     InvalidFieldError,
     NotFoundError,
@@ -176,3 +177,14 @@ def test_translation_alignment_full_maps_and_heatmap(api):
     np.testing.assert_allclose(cross.to_numpy()[-1].mean(axis=0), alignment, atol=1e-5)
     png = api.attention_png(result.attention_id, kind="encoder", layer=0, head=1)
     assert Image.open(io.BytesIO(png)).format == "PNG"
+
+
+def test_a_client_deadline_reaches_the_service(make_client, server):
+    """``deadline=`` is the service's X-Request-Timeout: ample, the answer comes; spent before the work
+    starts, the service answers 504 deadline_exceeded and the SDK raises its class."""
+    ample = make_client(base_url=server.url, timeout=60, deadline=30)
+    assert ample.translate("Saves the current document.").results[0].translation
+    spent = make_client(base_url=server.url, timeout=60, deadline=0.000001, max_retries=0)
+    with pytest.raises(DeadlineExceededError) as refused:
+        spent.translate("Select the cells you want to format and open the dialog.", beam_size=4)
+    assert refused.value.status == 504 and refused.value.code == "deadline_exceeded"

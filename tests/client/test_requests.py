@@ -17,7 +17,7 @@ from tests.client.sdk_testing import Script
 OK = httpx.Response(200, json={"status": "ok"})
 CLASSIFIED = httpx.Response(200, json={"model": "vit", "version": "1", "results": [{"top_k": []}]})
 TRANSLATED = httpx.Response(200, json={"model": "translator", "version": "1", "results": []})
-ENV = ("ATTNSERVE_BASE_URL", "ATTNSERVE_API_KEY", "ATTNSERVE_TIMEOUT", "ATTNSERVE_MAX_RETRIES")
+ENV = ("ATTNSERVE_BASE_URL", "ATTNSERVE_API_KEY", "ATTNSERVE_TIMEOUT", "ATTNSERVE_MAX_RETRIES", "ATTNSERVE_DEADLINE")
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +68,19 @@ def test_every_request_carries_auth_user_agent_request_id_and_timeout(make_clien
     assert first.headers["User-Agent"].startswith("attnserve-client/")
     assert first.headers["X-Request-ID"] != second.headers["X-Request-ID"]
     assert first.extensions["timeout"] == {"connect": 4.0, "read": 4.0, "write": 4.0, "pool": 4.0}
+
+
+def test_a_deadline_is_sent_as_x_request_timeout_only_when_set(make_client, monkeypatch):
+    for var in ENV:
+        monkeypatch.delenv(var, raising=False)
+    script = Script(OK, OK, OK)
+    make_client(script).health()
+    make_client(script, deadline=2.5).health()
+    monkeypatch.setenv("ATTNSERVE_DEADLINE", "0.25")
+    make_client(script).health()
+    assert [r.headers.get("X-Request-Timeout") for r in script.requests] == [None, "2.5", "0.25"]
+    with pytest.raises(ValueError, match="deadline must be > 0"):
+        make_client(Script(), deadline=0)
 
 
 def test_classify_sends_multipart_file_parts_and_only_the_options_given(make_client):
