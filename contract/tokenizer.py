@@ -66,7 +66,32 @@ class SpecialIds:
         return {"pad": self.pad, "bos": self.bos, "eos": self.eos, "unk": self.unk}
 
 
-class Tokenizer:
+class _SpecialIdAccess:
+    """What both tokenizers share: the special ids by name, and ``encode`` as a batch of one."""
+
+    special: SpecialIds
+
+    @property
+    def pad_id(self) -> int:
+        return self.special.pad
+
+    @property
+    def eos_id(self) -> int:
+        return self.special.eos
+
+    @property
+    def unk_id(self) -> int:
+        return self.special.unk
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Normalise (:func:`normalize_text`) then split into subword ids, optionally framed by bos/eos."""
+        return self.encode_batch([text], add_bos=add_bos, add_eos=add_eos)[0]
+
+    def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
+        raise NotImplementedError
+
+
+class Tokenizer(_SpecialIdAccess):
     """A SentencePiece model with the project's special ids and normalisation.
 
     Build it with :meth:`load` (a ``.model`` file) or :meth:`from_bytes` (the serialized model, as
@@ -113,24 +138,8 @@ class Tokenizer:
         return self._sp.get_piece_size()
 
     @property
-    def pad_id(self) -> int:
-        return self.special.pad
-
-    @property
     def bos_id(self) -> int:
         return self.special.bos
-
-    @property
-    def eos_id(self) -> int:
-        return self.special.eos
-
-    @property
-    def unk_id(self) -> int:
-        return self.special.unk
-
-    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        """Normalise (:func:`normalize_text`) then split into subword ids, optionally framed by bos/eos."""
-        return self.encode_batch([text], add_bos=add_bos, add_eos=add_eos)[0]
 
     def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
         """:meth:`encode` for many texts in one call into SentencePiece."""
@@ -156,7 +165,7 @@ NORMALIZE_TEXT = "contract.tokenizer.normalize_text"  # the manifest's name for 
 _LANGUAGE_CODE = re.compile(r"^>>[^<>]*<<")  # a leading ">>de<<": one token, not split by SentencePiece
 
 
-class SentencePiecePair:
+class SentencePiecePair(_SpecialIdAccess):
     """Marian's tokenizer layout: source text is split by the source model, the target's pieces are
     joined by the target model, and the pieces of both sides are numbered by one vocabulary (a JSON
     ``{piece: id}``), not by the models' own ids.
@@ -209,21 +218,6 @@ class SentencePiecePair:
     @property
     def vocab_size(self) -> int:
         return len(self._vocab)
-
-    @property
-    def pad_id(self) -> int:
-        return self.special.pad
-
-    @property
-    def eos_id(self) -> int:
-        return self.special.eos
-
-    @property
-    def unk_id(self) -> int:
-        return self.special.unk
-
-    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        return self.encode_batch([text], add_bos=add_bos, add_eos=add_eos)[0]
 
     def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
         """Source texts to ids (``add_bos`` is accepted for the common interface; Marian has no bos)."""

@@ -52,14 +52,14 @@ from export.common import (
     now_iso,
 )
 from export.graphs import keep_outputs
+from export.vit import ATTENTION_TOL, ATTENTIONS, INPUT, LOGITS, LOGITS_TOL, export_image_graph
 from model.cli import CliError, run_cli
 
 # Only the local folder: transformers must not look anything up on the Hub (set before it is imported).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-INPUT, LOGITS, ATTENTIONS = "pixel_values", "logits", "attentions"  # the names export/vit.py writes
-LOGITS_TOL, ATTENTION_TOL, PREPROCESSING_TOL = 1e-4, 1e-5, 1e-5
+PREPROCESSING_TOL = 1e-5
 PARITY_BATCHES = (1, 4)
 PIL_BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, as transformers' image processors record ``resample``
 RESIZE_FILTERS = {2: "bilinear", 3: "bicubic"}  # PIL filter ids -> the manifest's resize (contract/images.py)
@@ -255,28 +255,13 @@ def check_image_parity(report: dict) -> None:
         raise ExportError("parity with transformers failed: " + "; ".join(problems))
 
 
-def export_image_graph(model: nn.Module, prep: dict, path: Path, opset: int) -> None:
-    example = torch.zeros(2, prep["channels"], prep["image_size"], prep["image_size"])
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    torch.onnx.export(
-        ImageClassifierGraph(model).eval(),
-        (example,),
-        dynamo=True,
-        opset_version=opset,
-        input_names=[INPUT],
-        output_names=[LOGITS, ATTENTIONS],
-        dynamic_shapes={"pixel_values": {0: batch}},
-        external_data=False,
-    ).save(str(path))
-
-
 def import_image_classifier(ckpt: Checkpoint, stage: StagedEntry, args: argparse.Namespace) -> tuple[dict, str]:
     prep, _ = image_preprocessing(ckpt, args.bilinear_resize)
     model = load_model(ckpt)
     cfg = model.config
     labels = [str(cfg.id2label[i]) for i in range(cfg.num_labels)]
     graph, attention_graph = stage.dir / "model.onnx", stage.dir / "model_attention.onnx"
-    export_image_graph(model, prep, attention_graph, args.opset)
+    export_image_graph(ImageClassifierGraph(model), prep["channels"], prep["image_size"], attention_graph, args.opset)
     keep_outputs(attention_graph, graph, [LOGITS])  # what serving runs unless attention is asked for
     images = parity_images(prep)
     x = Preprocessing.model_validate(prep).apply(images)

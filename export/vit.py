@@ -54,11 +54,15 @@ class ViTWithAttention(nn.Module):
 
 
 def export_graph(vit: ViT, path: Path, opset: int = 18) -> None:
-    cfg = vit.cfg
-    example = torch.zeros(2, cfg.channels, cfg.image_size, cfg.image_size)
+    export_image_graph(ViTWithAttention(vit), vit.cfg.channels, vit.cfg.image_size, path, opset)
+
+
+def export_image_graph(module: nn.Module, channels: int, image_size: int, path: Path, opset: int = 18) -> None:
+    """A module mapping pixel_values (batch, C, H, W) to (logits, attentions), with a dynamic batch axis."""
+    example = torch.zeros(2, channels, image_size, image_size)
     batch = torch.export.Dim("batch", min=1, max=4096)
-    program = torch.onnx.export(
-        ViTWithAttention(vit).eval(),
+    torch.onnx.export(
+        module.eval(),
         (example,),
         dynamo=True,
         opset_version=opset,
@@ -66,8 +70,7 @@ def export_graph(vit: ViT, path: Path, opset: int = 18) -> None:
         output_names=[LOGITS, ATTENTIONS],
         dynamic_shapes={"pixel_values": {0: batch}},
         external_data=False,
-    )
-    program.save(str(path))
+    ).save(str(path))
 
 
 @torch.no_grad()
