@@ -6,7 +6,9 @@ label-smoothed cross-entropy, AdamW and an inverse-square-root warmup schedule o
 token budget with length bucketing, keeps the checkpoint with the best validation loss
 (``best.pt``) and a resumable one (``last.pt``: weights, optimiser, RNG and position in the epoch),
 and writes ``metrics.json``. ``--resume`` continues an interrupted or finished run where it stopped;
-``--time-limit`` ends a run cleanly after so many minutes.
+``--time-limit`` ends a run cleanly after so many minutes. ``--init-from models/translator/N`` starts
+from a shipped entry's weights (read from its ONNX graphs), config and tokenizer instead of at random:
+fine-tuning on a widened corpus without the checkpoint the entry came from.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from contract.manifest import ManifestError, load_entry
 from contract.tokenizer import Tokenizer, TokenizerError
+from contract.weights import read_weights
 from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import inverse_sqrt, load_checkpoint, save_checkpoint, seed_everything
@@ -67,6 +71,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: <data>/spm/spm.model)")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: checkpoints/translator-<profile>)")
     p.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        metavar="ENTRY",
+        help="start from a translator entry of the model repository (its weights, config and tokenizer)",
+    )
     p.add_argument(
         "--time-limit", type=float, help="stop this run cleanly after so many minutes (resume with --resume)"
     )
@@ -188,17 +198,60 @@ def save_epoch_weights(folder: Path, epoch: int, model: Seq2Seq, keep: int) -> N
         old.unlink()
 
 
+def entry_start(path: Path) -> tuple[dict, dict[str, torch.Tensor], Path, dict]:
+    """(config, state_dict, tokenizer file, where it came from) of a shipped translator entry; the last
+    names the entry and keeps a summary of its own training, which the new manifest carries on."""
+    try:
+        entry = load_entry(path)
+        cfg, weights, _ = read_weights(entry)
+    except (
+        OSError,
+        ValueError,
+        ManifestError,
+    ) as e:  # a missing/invalid manifest, a graph whose weights cannot be named
+        raise CliError(f"--init-from {path}: {e}") from None
+    tokenizer = entry.manifest.tokenizer
+    if tokenizer is None or tokenizer.library != "sentencepiece":
+        raise CliError(f"--init-from {path}: only entries with one SentencePiece tokenizer can be trained further")
+    state = {name: torch.from_numpy(array.copy()) for name, array in weights.items()}
+    trained = entry.manifest.training
+    keys = (
+        "command",
+        "data",
+        "train_pairs",
+        "steps",
+        "epochs_done",
+        "training_seconds",
+        "averaged_epochs",
+        "init_from",
+    )
+    origin = {
+        "entry": f"{entry.manifest.name}/{entry.manifest.version}",
+        **{k: trained[k] for k in keys if k in trained},
+    }
+    return cfg, state, entry.path / tokenizer.file, origin
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     seed_everything(args.seed)
     out = args.out or Path("checkpoints") / f"translator-{args.profile}"
+    start_from = entry_start(args.init_from) if args.init_from and not args.resume else None
     try:
-        tok = Tokenizer.load(args.tokenizer or args.data / "spm" / "spm.model")
+        tok = Tokenizer.load(args.tokenizer or (start_from[2] if start_from else args.data / "spm" / "spm.model"))
     except TokenizerError as e:
         raise CliError(f"{e} (train it: python -m model.translation.tokenizer --data {args.data})") from None
     hp = resolve_hparams(args, tok.vocab_size)
+    if start_from:
+        given = [k for k in ("dim", "encoder_layers", "decoder_layers", "heads", "ffn_dim", "norm") if getattr(args, k)]
+        if given:
+            raise CliError(f"--init-from takes the entry's model config: drop --{given[0].replace('_', '-')}")
+        entry_cfg = Seq2SeqConfig.from_dict(start_from[0])
+        hp["config"] = replace(entry_cfg, dropout=args.dropout) if args.dropout is not None else entry_cfg
+        if hp["config"].vocab_size != tok.vocab_size:
+            raise CliError(f"the tokenizer has {tok.vocab_size} pieces, the entry's model {hp['config'].vocab_size}")
     cfg: Seq2SeqConfig = hp["config"]
     train_pairs, valid_pairs = load_split(args.data, "train"), load_split(args.data, "valid")
     if hp["max_train"]:
@@ -212,9 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     bleu_examples = valid[:: max(1, len(valid) // max(1, args.bleu_sentences))][: args.bleu_sentences]
     bleu_refs = [valid_pairs[ex.index][1] for ex in bleu_examples]
 
-    model = Seq2Seq(cfg).to(device)
+    model = Seq2Seq(cfg)
+    if start_from:
+        model.load_state_dict(start_from[1])  # strict: every parameter named in the graphs, none left over
+    model.to(device)
     opt, sched = build_optimizer(model, hp)
     state = {"epoch": 0, "batch": 0, "step": 0, "seconds": 0.0, "best": None, "history": []}
+    state["init_from"] = start_from[3] if start_from else None
     if args.resume:
         ckpt = load_checkpoint(out / "last.pt")
         model.load_state_dict(ckpt["state_dict"])  # onto the model's device, wherever it was saved
@@ -226,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"Seq2Seq {model.num_parameters():,} parameters | {len(train)} train pairs ({dropped} longer than "
         f"{hp['max_length']} tokens left out), {len(valid)} valid | {tokens_per_epoch:,} tokens/epoch | "
-        f"{hp['precision']} on {device} | {'resuming at epoch ' + str(state['epoch'] + 1) if args.resume else 'from scratch'}",
+        f"{hp['precision']} on {device} | {'resuming at epoch ' + str(state['epoch'] + 1) if args.resume else 'from ' + (state['init_from'] or {}).get('entry', 'scratch')}",
         file=sys.stderr,
     )
 
@@ -319,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "threads": args.threads,
             "profile": args.profile,
+            "init_from": state.get("init_from"),
             "command": "python -m model.train_translator " + shlex.join(argv if argv is not None else sys.argv[1:]),
             "hyperparameters": {k: hp[k] for k in HPARAMS},
             "steps": state["step"],

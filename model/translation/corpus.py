@@ -85,6 +85,20 @@ SOURCES: dict[str, SourceSpec] = {
         ui_strings=True,
         segment=True,
     ),
+    "cataclysm": SourceSpec(
+        ("cataclysm-dda-data",),
+        lambda roots, p: sources.read_game_catalogs(
+            [roots["cataclysm-dda-data"]], sources.CATACLYSM_LOCALE_DIR, p, sources.placeholder_free_pairs
+        ),
+        segment=True,
+    ),
+    "widelands": SourceSpec(
+        ("widelands-data",),
+        lambda roots, p: sources.read_game_catalogs(
+            [roots["widelands-data"]], sources.WIDELANDS_LOCALE_DIR, p, sources.placeholder_free_pairs
+        ),
+        segment=True,
+    ),
     "tuxpaint": SourceSpec(
         ("tuxpaint-stamps-default",),
         lambda roots, p: sources.read_stamps(roots["tuxpaint-stamps-default"], p),

@@ -7,6 +7,9 @@
 - ``libreoffice-l10n-de``: gettext ``.mo`` catalogs of the UI, English msgid -> German msgstr.
 - ``wesnoth-1.16-*`` and ``freeciv-data``: the German ``.mo`` catalogs of two games, whose story
   dialogue, unit descriptions and nation histories are the most general prose in the archive.
+- ``cataclysm-dda-data`` and ``widelands-data``: two more games' German catalogs: survivors' talk,
+  item descriptions and messages of everyday things; tribe encyclopedias and scenario stories.
+  Their strings often hold placeholders in angle brackets (``<npcname> calms down.``), left out.
 - ``tuxpaint-stamps-default``: one short description of each picture stamp ("A red kangaroo."),
   with its translations as ``de.utf8=...`` lines below it.
 
@@ -18,7 +21,8 @@ from __future__ import annotations
 import logging
 import re
 import struct
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -226,16 +230,54 @@ def game_message_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
     return pairs
 
 
-def read_game_catalogs(roots: list[Path], subdir: str, progress: bool = True) -> Iterator[Pair]:
+def read_game_catalogs(
+    roots: list[Path],
+    subdir: str,
+    progress: bool = True,
+    pairs_of: Callable[[list[tuple[str, str]]], list[Pair]] = game_message_pairs,
+) -> Iterator[Pair]:
     """Every German ``.mo`` catalog under ``root/subdir`` of each unpacked package, in name order."""
     catalogs = sorted(path for root in roots for path in (root / subdir).glob("*.mo"))
     if not catalogs:
         raise ValueError(f"no .mo catalogs under {subdir} of {', '.join(map(str, roots))}: unpack again (--refresh)")
     for path in tqdm(catalogs, desc="game catalogs", unit=" files", disable=not progress, leave=False):
         try:
-            yield from game_message_pairs(parse_mo(path.read_bytes()))
+            yield from pairs_of(parse_mo(path.read_bytes()))
         except (ValueError, struct.error) as e:
             raise ValueError(f"{path}: {e}") from e
+
+
+# ---- catalogs with placeholders in angle brackets (Cataclysm: DDA, Widelands) ----------------------
+
+CATACLYSM_LOCALE_DIR = "usr/share/locale/de/LC_MESSAGES"
+WIDELANDS_LOCALE_DIR = "usr/share/games/widelands/data/locale/de/LC_MESSAGES"
+
+_BOOST_FORMAT = re.compile(r"%\d+%")  # Widelands' "%1%"
+_ANGLE_TAG = re.compile(r"<(/?)([A-Za-z]\w*)[^<>]*?(/?)>")
+_VOID_TAGS = frozenset({"br", "hr", "img"})
+
+
+def has_placeholder_tag(text: str) -> bool:
+    """Whether ``text`` holds a ``<word>`` that no ``</word>`` closes: Cataclysm's ``<npcname>``, a chat
+    command's ``<name>``. That is text filled in at run time, not markup (``<good>fresh</good>``,
+    ``<color_red>...</color>``, ``<br>``), and stripping it as a tag would leave a hole in the sentence.
+    """
+    balance: Counter = Counter()
+    for m in _ANGLE_TAG.finditer(text):
+        name = m[2].casefold()
+        if m[3] or name in _VOID_TAGS:
+            continue
+        balance["color" if name.startswith("color_") else name] += -1 if m[1] else 1
+    return any(balance.values())
+
+
+def placeholder_free_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
+    """:func:`game_message_pairs`, less strings with angle-bracket placeholders or ``%1%`` on either side."""
+    return [
+        (en, de)
+        for en, de in game_message_pairs(entries)
+        if not any(has_placeholder_tag(side) or _BOOST_FORMAT.search(side) for side in (en, de))
+    ]
 
 
 # ---- Tux Paint stamp descriptions ----------------------------------------------------------------

@@ -17,7 +17,8 @@ import onnxruntime as ort
 import pytest
 
 from benchmarks.bench_translate import SENTENCES
-from benchmarks.ctranslate2_model import WeightNotIdentified, convert, greedy_agreement, read_weights, translator
+from benchmarks.ctranslate2_model import convert, greedy_agreement, translator
+from contract.weights import WeightNotIdentified, read_weights
 from contract.decoding import DecoderSpec, session_fn
 from contract.manifest import describe_files, load_entry, read_manifest, write_manifest
 from contract.tokenizer import Tokenizer
@@ -90,4 +91,5 @@ def test_a_parameter_the_graphs_do_not_hold_is_a_clear_error(tmp_path):
 
 
 def test_the_conversion_needs_no_torch():
-    assert not imported_roots(ROOT / "benchmarks" / "ctranslate2_model.py") & {"torch", "model", "export"}
+    for module in ("benchmarks/ctranslate2_model.py", "contract/weights.py"):
+        assert not imported_roots(ROOT / module) & {"torch", "model", "export"}, module

@@ -100,3 +100,35 @@ def test_average_checkpoints_is_the_elementwise_mean(tmp_path):
 def test_training_keeps_the_last_epochs_weights(tiny_translator_checkpoint):
     kept = sorted(p.name for p in (tiny_translator_checkpoint.parent / "epochs").glob("*.pt"))
     assert kept == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
+
+
+def test_init_from_a_shipped_entry_starts_at_its_exported_weights(
+    tiny_translator_repository, tiny_translator_checkpoint, tiny_translation_data, tmp_path
+):
+    entry = tiny_translator_repository / "translator" / "1"
+    args = ["--data", str(tiny_translation_data), "--out", str(tmp_path), "--init-from", str(entry)]
+    # lr 1e-12: one step leaves the weights where they started, so last.pt shows the starting point
+    proc = run_module("model.train_translator", "--profile", "tiny", *args, "--lr", "1e-12", "--max-steps", "1")
+    assert proc.returncode == 2 and "from translator/1" in proc.stderr, proc.stderr
+    last = torch.load(tmp_path / "last.pt", weights_only=False)
+    exported = torch.load(tiny_translator_checkpoint, weights_only=False)["state_dict"]
+    assert last["state"]["init_from"]["entry"] == "translator/1" and last["state"]["init_from"]["epochs_done"] == 3
+    assert last["config"] == json.loads((entry / "manifest.json").read_text())["model"]["config"] | {
+        "dropout": last["config"]["dropout"]
+    }
+    assert set(last["state_dict"]) == set(exported)
+    for name, tensor in exported.items():
+        torch.testing.assert_close(last["state_dict"][name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [(["--dim", "64"], "--init-from takes the entry's model config: drop --dim"), ([], "--init-from")],
+)
+def test_init_from_errors_are_one_clear_line(
+    extra, message, tiny_translator_repository, tiny_translation_data, tmp_path
+):
+    entry = tiny_translator_repository / "translator" / ("1" if extra else "9")
+    args = ["--data", str(tiny_translation_data), "--out", str(tmp_path), "--init-from", str(entry), *extra]
+    proc = run_module("model.train_translator", "--profile", "tiny", *args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -9,6 +9,7 @@ import pytest
 from model.translation import sources
 from model.translation.corpus import WESNOTH_PACKAGES
 from tests.model.translation.excerpts import (
+    CATACLYSM_ENTRIES,
     DING_LINES,
     FREECIV_ENTRIES,
     HELP_DE,
@@ -16,6 +17,7 @@ from tests.model.translation.excerpts import (
     STAMP_KANGAROO,
     UI_ENTRIES,
     WESNOTH_ENTRIES,
+    WIDELANDS_ENTRIES,
     build_mo,
     make_package,
 )
@@ -35,6 +37,10 @@ def excerpt_cache(tmp_path) -> Path:
         make_package(cache, name, {f"{sources.WESNOTH_LOCALE_DIR}/{name}.mo": build_mo(entries)}, "1:1.16.9-1")
     catalog = {f"{sources.FREECIV_LOCALE_DIR}/freeciv-core.mo": build_mo(FREECIV_ENTRIES)}
     make_package(cache, "freeciv-data", catalog, "3.0.6-1+deb12u1")
+    catalog = {f"{sources.CATACLYSM_LOCALE_DIR}/cataclysm-dda.mo": build_mo(CATACLYSM_ENTRIES)}
+    make_package(cache, "cataclysm-dda-data", catalog, "0.F-3-9")
+    catalog = {f"{sources.WIDELANDS_LOCALE_DIR}/widelands.mo": build_mo(WIDELANDS_ENTRIES)}
+    make_package(cache, "widelands-data", catalog, "2:1.1-3")
     stamp = {f"{sources.TUXPAINT_STAMPS_DIR}/animals/marsupials/kangaroo.txt": STAMP_KANGAROO}
     make_package(cache, "tuxpaint-stamps-default", stamp, "2022.06.04-1")
     return cache

@@ -161,6 +161,45 @@ FREECIV_PAIRS = [  # game_message_pairs(FREECIV_ENTRIES): context hints dropped,
     ("Frisians", "Friesen"),
 ]
 
+# cataclysm-dda-data 0.F-3-9 (cataclysm-dda.mo), verbatim
+CATACLYSM_ENTRIES = [
+    ("How did you even get here if you're so sick?", "Wie bist du überhaupt hierher gekommen, wenn du so krank bist?"),
+    (
+        "* This food looks as <good>fresh</good> as it can be.",
+        "* Dieses Lebensmittel sieht so <good>frisch</good> aus, wie es nur sein kann.",
+    ),
+    ("<color_red>Very dangerous.</color>", "<color_red>Sehr gefährlich.</color>"),
+    ("<npcname> calms down.", "<npcname> beruhigt sich."),
+    ("<npcname> drops the %s.", "<npcname> lässt %s fallen."),
+    ("rock\x00rocks", "Stein\x00Steine"),
+    ("profession_male\x04Beekeeper", "Imker"),
+]
+CATACLYSM_PAIRS = [  # placeholder_free_pairs(CATACLYSM_ENTRIES), in catalog order; tags go later, in cleaning
+    ("* This food looks as <good>fresh</good> as it can be.", CATACLYSM_ENTRIES[1][1]),
+    ("<color_red>Very dangerous.</color>", "<color_red>Sehr gefährlich.</color>"),
+    ("How did you even get here if you're so sick?", CATACLYSM_ENTRIES[0][1]),
+    ("Beekeeper", "Imker"),
+    ("rock", "Stein"),
+    ("rocks", "Steine"),
+]
+
+# widelands-data 2:1.1-3 (widelands.mo, tribes_encyclopedia.mo), verbatim
+WIDELANDS_ENTRIES = [
+    ("atlanteans_worker\x04Bakes bread for workers.", "Bäckt Brot für Arbeiter."),
+    ("barbarians_building\x04Captain Thanlas the Elder,<br>Explorer", "Kapitän Thanlas der Ältere,<br>Entdecker"),
+    ("%1% × %2%", "%1% × %2%"),
+    (
+        "Server has crashed and performed an emergency save.",
+        "Der Server ist abgestürzt und hat eine Notfallspeicherung durchgeführt.",
+    ),
+    ("Wrong use, should be: /kick <name> <reason>", "Falsche Verwendung. Der Befehl sollte „/kick <Name> <Grund>“ sein"),
+]
+WIDELANDS_PAIRS = [  # placeholder_free_pairs(WIDELANDS_ENTRIES): "%1%" and "<name>" strings left out
+    ("Server has crashed and performed an emergency save.", WIDELANDS_ENTRIES[3][1]),
+    ("Bakes bread for workers.", "Bäckt Brot für Arbeiter."),
+    ("Captain Thanlas the Elder,<br>Explorer", "Kapitän Thanlas der Ältere,<br>Entdecker"),
+]
+
 # tuxpaint-stamps-default 2022.06.04-1: stamps/animals/marsupials/kangaroo.txt (its first lines)
 STAMP_KANGAROO = """A red kangaroo.
 ach.utf8=Kangaru ma kwar.

@@ -36,7 +36,7 @@ def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
     stats = json.loads((out / "stats.json").read_text())
     pairs = [p for split in read_splits(out).values() for p in split]
     assert all(len(p) == 2 and all(p) for p in pairs)
-    assert stats["total"] == len(pairs) == 31
+    assert stats["total"] == len(pairs) == 40
     assert stats["splits"] == {s: len(v) for s, v in read_splits(out).items()}
     ding, help_, ui = (stats["sources"][name] for name in ("ding", "help", "ui"))
     assert ding["packages"] == {"trans-de-en": "1.9-6"}
@@ -58,6 +58,12 @@ def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
     assert wesnoth["stages"]["unique"] == 3  # "Editor" -> "Editor" is a copy
     assert ("Multiplayer and undo", "Mehrspieler und die Rückgängig-Funktion") in pairs
     assert freeciv["stages"]["unique"] == 3 and ("Keep current soundset", "Derzeitiges Sound-Set beibehalten") in pairs
+    cataclysm, widelands = stats["sources"]["cataclysm"], stats["sources"]["widelands"]
+    assert cataclysm["packages"] == {"cataclysm-dda-data": "0.F-3-9"} and cataclysm["stages"]["unique"] == 6
+    assert ("Very dangerous.", "Sehr gefährlich.") in pairs  # colour markup gone, placeholders left out before
+    assert widelands["packages"] == {"widelands-data": "2:1.1-3"} and widelands["stages"]["unique"] == 3
+    assert ("Captain Thanlas the Elder, Explorer", "Kapitän Thanlas der Ältere, Entdecker") in pairs
+    assert not any("npcname" in en or "%1%" in en for en, _ in pairs)
     assert tuxpaint["stages"]["unique"] == 1 and ("A red kangaroo.", "Ein rotes Riesenkänguru.") in pairs
     assert (
         "I've only a vague recollection of my ninth birthday.",

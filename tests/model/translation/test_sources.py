@@ -10,6 +10,8 @@ import pytest
 from model.translation import sources
 from model.translation.sentences import align_sentences, split_sentences
 from tests.model.translation.excerpts import (
+    CATACLYSM_ENTRIES,
+    CATACLYSM_PAIRS,
     DING_LINES,
     DING_PAIRS,
     FREECIV_ENTRIES,
@@ -22,6 +24,8 @@ from tests.model.translation.excerpts import (
     UI_PAIRS,
     WESNOTH_ENTRIES,
     WESNOTH_PAIRS,
+    WIDELANDS_ENTRIES,
+    WIDELANDS_PAIRS,
     build_mo,
     make_package,
 )
@@ -132,6 +136,38 @@ def test_game_catalogs_are_read_from_every_package_in_name_order(tmp_path):
     assert pairs == WESNOTH_PAIRS + sources.game_message_pairs(sources.parse_mo(build_mo(FREECIV_ENTRIES)))
     with pytest.raises(ValueError, match="no .mo catalogs"):
         list(sources.read_game_catalogs([tmp_path / "a"], sources.FREECIV_LOCALE_DIR, False))
+
+
+def test_placeholder_free_pairs_keep_markup_and_leave_out_placeholders():
+    assert sources.placeholder_free_pairs(sources.parse_mo(build_mo(CATACLYSM_ENTRIES))) == CATACLYSM_PAIRS
+    assert sources.placeholder_free_pairs(sources.parse_mo(build_mo(WIDELANDS_ENTRIES))) == WIDELANDS_PAIRS
+
+
+@pytest.mark.parametrize(
+    ("text", "placeholder"),
+    [
+        ("<npcname> calms down.", True),
+        ("Wrong use, should be: /kick <name> <reason>", True),
+        ("I <really> hate <zombies>.", True),
+        ("</bad> closes nothing", True),
+        ("* This item can be <good>reinforced</good>.", False),
+        ("<color_light_red>Dangerous.</color> Run.", False),
+        ("Soft and supple.<br> And yet untouched.<br/>", False),
+        ("1 < 2 and 3 > 2", False),
+    ],
+)
+def test_placeholder_tags_are_told_from_markup(text, placeholder):
+    assert sources.has_placeholder_tag(text) is placeholder
+
+
+def test_catalog_reader_takes_the_pair_rule_it_is_given(tmp_path):
+    make_package(tmp_path, "c", {f"{sources.CATACLYSM_LOCALE_DIR}/c.mo": build_mo(CATACLYSM_ENTRIES)})
+    read = sources.read_game_catalogs([tmp_path / "c"], sources.CATACLYSM_LOCALE_DIR, False)
+    strict = sources.read_game_catalogs(
+        [tmp_path / "c"], sources.CATACLYSM_LOCALE_DIR, False, sources.placeholder_free_pairs
+    )
+    assert list(strict) == CATACLYSM_PAIRS
+    assert ("<npcname> calms down.", "<npcname> beruhigt sich.") in list(read)
 
 
 def test_stamp_description_takes_the_english_line_and_the_german_one():
