@@ -18,10 +18,10 @@ import pytest
 
 from benchmarks.bench_translate import SENTENCES
 from benchmarks.ctranslate2_model import convert, greedy_agreement, translator
-from contract.weights import WeightNotIdentified, read_weights
 from contract.decoding import DecoderSpec, session_fn
 from contract.manifest import describe_files, load_entry, read_manifest, write_manifest
 from contract.tokenizer import Tokenizer
+from contract.weights import WeightNotIdentified, read_weights
 from tests.conftest import ROOT
 from tests.test_imports import imported_roots
 
