@@ -192,7 +192,10 @@ WIDELANDS_ENTRIES = [
         "Server has crashed and performed an emergency save.",
         "Der Server ist abgestürzt und hat eine Notfallspeicherung durchgeführt.",
     ),
-    ("Wrong use, should be: /kick <name> <reason>", "Falsche Verwendung. Der Befehl sollte „/kick <Name> <Grund>“ sein"),
+    (
+        "Wrong use, should be: /kick <name> <reason>",
+        "Falsche Verwendung. Der Befehl sollte „/kick <Name> <Grund>“ sein",
+    ),
 ]
 WIDELANDS_PAIRS = [  # placeholder_free_pairs(WIDELANDS_ENTRIES): "%1%" and "<name>" strings left out
     ("Server has crashed and performed an emergency save.", WIDELANDS_ENTRIES[3][1]),
