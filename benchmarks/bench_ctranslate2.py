@@ -7,9 +7,10 @@ CTranslate2 model from the repository alone (``benchmarks/ctranslate2_model.py``
 the entry's ONNX graphs), checks that its greedy translations of the benchmark sentences
 (``translate_sentences.txt``) are ours token for token, then times both at batch 1 and 16, greedy
 and beam 4, 20 and 64 generated tokens: our bare decoding loop (``contract/decoding.py`` on
-onnxruntime sessions built with the service's options, as ``bench_translate`` runs it) against
-CTranslate2 float32 and int8 (``compute_type="int8"``), each at 1 and at 2 intra-op threads, the
-faster kept per configuration. Every run generates exactly that many tokens per sentence
+onnxruntime sessions built with the service's options, as ``bench_translate`` runs it) on the entry
+and on its int8 variant (the repository's ``<name>-int8``, or quantised here as ``export.quantize``
+does) against CTranslate2 float32 and int8 (``compute_type="int8"``), each at 1 and at 2 intra-op
+threads, the faster kept per configuration. Every run generates exactly that many tokens per sentence
 (end-of-sentence ruled out: ``without_eos`` for ours, ``min_decoding_length`` for CTranslate2;
 checked on the first run). In each of ``--rounds`` rounds every configuration runs every engine in
 turn (the order rotating by round); the median of the rounds is kept. Skipped, with a note, when
@@ -33,18 +34,40 @@ from contract.decoding import DecodeRequest, run_to_end
 
 CONFIGS = [(batch, beam, tokens) for batch in (1, 16) for beam in (1, 4) for tokens in (20, 64)]
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
+OURS = ("ours fp32", "ours int8")
 MIN_SECONDS = 0.2  # a measurement repeats its decode until it lasts this long: batch 1 at 20 tokens is ~20 ms
 SETTLE_S = 0.1  # idle gap after each measurement, so no engine's spinning worker threads overlap the next one
 
 
 @dataclass(frozen=True)
 class Engine:
-    name: str  # "ours", or "fp32"/"int8" for CTranslate2
+    name: str  # "fp32"/"int8": CTranslate2; "ours fp32"/"ours int8": our loop on the entry / its int8 variant
     threads: int
 
     @property
+    def ours(self) -> bool:
+        return self.name.startswith("ours")
+
+    @property
     def label(self) -> str:
-        return "ours" if self.name == "ours" else f"CTranslate2 {self.name}, {self.threads} thread(s)"
+        return self.name if self.ours else f"CTranslate2 {self.name}, {self.threads} thread(s)"
+
+
+def int8_variant(repository: Path, name: str, entry_dir: Path, tmp: Path) -> tuple[Path, str]:
+    """Our int8 variant of the entry: the repository's ``<name>-int8/<version>`` (``make int8``), or else
+    one quantised here the same way (``export.quantize``, without its quality evaluation) into ``tmp``."""
+    shipped = repository / f"{name}-int8" / entry_dir.name
+    if (shipped / "manifest.json").is_file():
+        return shipped, f"{shipped}"
+    from contract.manifest import read_manifest
+    from export.common import StagedEntry
+    from export.quantize import quantize_graphs, variant_manifest
+
+    manifest = read_manifest(entry_dir)
+    with StagedEntry(tmp, f"{name}-int8", entry_dir.name, False) as stage:
+        quantize_graphs(entry_dir, manifest, stage.dir)
+        final = stage.commit(variant_manifest(manifest, f"{name}-int8", entry_dir.name, {}))
+    return final, f"quantised here as export.quantize does ({shipped} is absent: make int8 writes it)"
 
 
 def config_label(batch: int, beam: int, tokens: int) -> str:
@@ -95,38 +118,40 @@ def main(argv: list[str] | None = None) -> int:
         else max(folder.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
     )
     settings = Settings()
-    bare = Bare(entry_dir, settings)
+    threads = settings.intra_op_threads or max(1, (os.cpu_count() or 2) - 1)
+    bare = {"ours fp32": Bare(entry_dir, settings)}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         model_dir = convert(entry_dir, Path(tmp) / "ct2")
         converted_s = time.perf_counter() - start
-        engines = [Engine("ours", settings.intra_op_threads or max(1, (os.cpu_count() or 2) - 1))]
+        int8_dir, int8_origin = int8_variant(args.repository, args.name, entry_dir, Path(tmp) / "repo")
+        bare["ours int8"] = Bare(int8_dir, settings)
+        engines = [Engine(kind, threads) for kind in OURS]
         engines += [Engine(kind, t) for kind in COMPUTE_TYPES for t in args.threads]
-        ct2 = {e: translator(model_dir, e.threads, COMPUTE_TYPES[e.name]) for e in engines if e.name != "ours"}
+        ct2 = {e: translator(model_dir, e.threads, COMPUTE_TYPES[e.name]) for e in engines if not e.ours}
+    fp32 = bare["ours fp32"]
     print(
-        f"{args.name}/{entry_dir.name}: {bare.manifest.model['parameters']:,} parameters, CTranslate2 model built "
-        f"from {entry_dir} in {converted_s:.1f} s; CTranslate2 {ctranslate2.__version__}, onnxruntime "
-        f"{onnxruntime.__version__} with {engines[0].threads} intra-op thread(s) (the service's setting); "
-        f"{os.cpu_count()} cores; medians of {args.rounds} rounds"
+        f"{args.name}/{entry_dir.name}: {fp32.manifest.model['parameters']:,} parameters, CTranslate2 model built "
+        f"from {entry_dir} in {converted_s:.1f} s; our int8 variant: {int8_origin}; CTranslate2 "
+        f"{ctranslate2.__version__}, onnxruntime {onnxruntime.__version__} with {threads} intra-op thread(s) "
+        f"(the service's setting); {os.cpu_count()} cores; medians of {args.rounds} rounds"
     )
     for kind in COMPUTE_TYPES:
         engine = next(e for e in ct2 if e.name == kind)
-        same = greedy_agreement(ct2[engine], bare.encoder, bare.decoder, bare.spec, bare.tok, SENTENCES)
+        same = greedy_agreement(ct2[engine], fp32.encoder, fp32.decoder, fp32.spec, fp32.tok, SENTENCES)
         print(f"CTranslate2 {kind} greedy translations identical to ours: {sum(same)}/{len(same)} sentences")
 
     def run(engine: Engine, batch: int, beam: int, tokens: int) -> Callable[[], list[list[int] | list[str]]]:
-        sources = bare.sources(batch)
-        if engine.name == "ours":
+        sources = fp32.sources(batch)
+        if engine.ours:
+            b = bare[engine.name]
             return lambda: [
                 r.results()[0].tokens
                 for r in run_to_end(
-                    bare.encoder,
-                    bare.fixed_length_decoder,
-                    [DecodeRequest(s, tokens, beam=beam) for s in sources],
-                    bare.spec,
+                    b.encoder, b.fixed_length_decoder, [DecodeRequest(s, tokens, beam=beam) for s in sources], b.spec
                 )
             ]
-        pieces = [bare.tok.pieces(s) for s in sources]
+        pieces = [fp32.tok.pieces(s) for s in sources]
         return lambda: decode(ct2[engine], pieces, tokens, beam)
 
     calls, reps = {}, {}
@@ -150,31 +175,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
     rate = {key: key[0][0] * key[0][2] / statistics.median(s) for key, s in seconds.items()}  # tok/s
-    ours = engines[0]
+    ours = {kind: next(e for e in engines if e.name == f"ours {kind}") for kind in COMPUTE_TYPES}
     best = {  # (config, kind) -> the faster thread setting
         (config, kind): max((e for e in ct2 if e.name == kind), key=lambda e, c=config: rate[c, e])
         for config in CONFIGS
         for kind in COMPUTE_TYPES
     }
     print()
-    header = (
-        f"{'tokens/s':<28}{'ours':>8}{'CT2 fp32':>10}{'thr':>4}{'ours/fp32':>11}{'CT2 int8':>10}{'thr':>4}"
-        f"{'ours/int8':>11}"
+    header = f"{'tokens/s':<28}" + "".join(
+        f"{f'ours {kind}':>11}{f'CT2 {kind}':>10}{'thr':>4}{'ratio':>8}" for kind in COMPUTE_TYPES
     )
     print(header)
     print("-" * len(header))
     for config in CONFIGS:
-        cells = [f"{config_label(*config):<28}{rate[config, ours]:>8,.0f}"]
+        cells = [f"{config_label(*config):<28}"]
         for kind in COMPUTE_TYPES:
-            theirs = best[config, kind]
-            cells.append(
-                f"{rate[config, theirs]:>10,.0f}{theirs.threads:>4}{rate[config, ours] / rate[config, theirs]:>10.2f}x"
-            )
+            mine, theirs = rate[config, ours[kind]], rate[config, best[config, kind]]
+            cells.append(f"{mine:>11,.0f}{theirs:>10,.0f}{best[config, kind].threads:>4}{mine / theirs:>7.2f}x")
         print("".join(cells))
     print(
-        f"\nthr: CTranslate2's faster intra-op thread count for that configuration. Below, each CTranslate2 "
-        f"setting (tok/s at each thread count) and the lowest and highest single-round ratio ours / CTranslate2 at "
-        f"thr threads: how far the {args.rounds} rounds spread."
+        f"\nratio: ours ÷ CTranslate2 of the same precision; thr: CTranslate2's faster intra-op thread count for "
+        f"that configuration. Below, each CTranslate2 setting (tok/s at each thread count) and the lowest and "
+        f"highest single-round ratio: how far the {args.rounds} rounds spread."
     )
     print(
         f"{'':<28}"
@@ -185,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     for config in CONFIGS:
         cells = [f"{config_label(*config):<28}"]
         for kind in COMPUTE_TYPES:
-            per_round = [t / o for t, o in zip(seconds[config, best[config, kind]], seconds[config, ours])]
+            per_round = [t / o for t, o in zip(seconds[config, best[config, kind]], seconds[config, ours[kind]])]
             cells += [f"{rate[config, e]:>12,.0f}" for e in ct2 if e.name == kind]
             cells.append(f"{min(per_round):>7.2f}-{max(per_round):.2f}x")
         print("".join(cells))
