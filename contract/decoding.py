@@ -42,6 +42,10 @@ from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 GROW = 16  # cache columns added when a batch's buffers are full
+# Sources are encoded in runs of similar length, a run costing about this many padded positions more
+# than its sentences: 16 sentences of 3 to 34 tokens encode in 25 ms in 4 runs, 49 ms in one (544
+# positions for 226 tokens), 37 ms one by one (1 intra-op thread).
+ENCODE_RUN_COST = 16
 
 
 def per_layer(name: str, layers: int) -> list[str]:
@@ -179,12 +183,26 @@ class DecodeBatch:
 
     @classmethod
     def start(cls, requests: list[DecodeRequest], encoder: Graph, spec: DecoderSpec) -> DecodeBatch:
-        """Encode the requests' sources together; each request gets ``beam`` rows sharing its encoding."""
-        ids, mask = pad_sources([r.source for r in requests], spec.pad_id)
-        enc = encoder({"src_ids": ids, "src_mask": mask})
+        """Encode the requests' sources (in :func:`length_runs`); each request gets ``beam`` rows sharing its encoding."""
+        if not requests:
+            raise ValueError("no request to start")
+        width = max(len(r.source) for r in requests)
+        keys = values = None
+        mask = np.zeros((len(requests), width), dtype=bool)
+        for run in length_runs([len(r.source) for r in requests]):
+            ids, run_mask = pad_sources([requests[i].source for i in run], spec.pad_id)
+            enc = encoder({"src_ids": ids, "src_mask": run_mask})
+            if keys is None:  # (L, requests, H, width, Dh); columns past a source's run stay zero and masked
+                layers, _, heads, _, head_dim = enc["cross_keys"].shape
+                shape = (layers, len(requests), heads, width, head_dim)
+                keys, values = np.zeros(shape, enc["cross_keys"].dtype), np.zeros(shape, enc["cross_values"].dtype)
+            keys[:, run, :, : ids.shape[1]] = enc["cross_keys"]
+            values[:, run, :, : ids.shape[1]] = enc["cross_values"]
+            mask[run, : ids.shape[1]] = run_mask
         rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
-        dtype = enc["cross_keys"].dtype
-        empty = [np.zeros((len(rows), spec.heads, GROW, spec.head_dim), dtype=dtype) for _ in range(2 * spec.layers)]
+        empty = [
+            np.zeros((len(rows), spec.heads, GROW, spec.head_dim), dtype=keys.dtype) for _ in range(2 * spec.layers)
+        ]
         return cls(
             list(requests),
             np.full(len(rows), spec.bos_id, dtype=np.int64),
@@ -192,8 +210,8 @@ class DecodeBatch:
             empty[spec.layers :],
             np.zeros((len(rows), GROW), dtype=bool),
             0,
-            [k[rows] for k in enc["cross_keys"]],
-            [v[rows] for v in enc["cross_values"]],
+            [k[rows] for k in keys],
+            [v[rows] for v in values],
             mask[rows],
         )
 
@@ -404,6 +422,24 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[De
         batch.tokens = np.array(tokens, dtype=np.int64)
         return finished, batch
     return finished, batch.take(order, keep, np.array(tokens, dtype=np.int64))
+
+
+def length_runs(lengths: Sequence[int], run_cost: int = ENCODE_RUN_COST) -> list[list[int]]:
+    """Indices of sources split into encoder runs of similar length, shortest first.
+
+    Padding is wasted work (the encoder's matrix products run over every padded position), so the
+    sorted lengths are cut where lengthening the current run to the next source would pad its
+    members by more positions than ``run_cost``, the price of one more run.
+    """
+    runs: list[list[int]] = []
+    longest = 0
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        if runs and len(runs[-1]) * (lengths[i] - longest) <= run_cost:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+        longest = lengths[i]
+    return runs
 
 
 def pad_sources(sources: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:

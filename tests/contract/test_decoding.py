@@ -17,6 +17,7 @@ from contract.decoding import (
     beam_search,
     concatenate,
     greedy,
+    length_runs,
     pad_sources,
     run_to_end,
     session_fn,
@@ -95,6 +96,42 @@ def test_pad_sources_refuses_empty_input():
         beam_search(*bigram_graphs({A: TRAP})[:2], [[A, EOS]], SPEC, beam=0)
 
 
+def test_length_runs_cut_where_padding_would_cost_more_than_a_run():
+    lengths = [34, 13, 9, 22, 21, 13, 6, 4, 10, 6, 14, 6, 3, 13, 26, 26]  # the benchmark's 16 sentences
+    runs = length_runs(lengths, run_cost=16)
+    assert sorted(i for run in runs for i in run) == list(range(16))
+    assert [[lengths[i] for i in run] for run in runs] == [
+        [3, 4, 6, 6, 6, 9, 10],
+        [13, 13, 13, 14],
+        [21, 22, 26, 26],
+        [34],
+    ]
+    assert sum(len(r) * max(lengths[i] for i in r) for r in runs) == 264  # padded positions, against 544 in one run
+    assert length_runs(lengths, run_cost=10**6) == [sorted(range(16), key=lambda i: (lengths[i], i))]
+    assert len(length_runs(lengths, run_cost=0)) == len(set(lengths))  # equal lengths still share a run
+    assert length_runs([]) == []
+
+
+def test_a_batch_encodes_in_runs_and_pads_each_source_alike():
+    calls = []
+
+    def encoder(feeds):
+        ids = feeds["src_ids"]
+        calls.append(ids.shape)
+        kv = (ids[:, None, :, None] + 0.5).astype(np.float32) * feeds["src_mask"][:, None, :, None]  # (B, H, S, Dh)
+        return {"cross_keys": kv[None], "cross_values": -kv[None]}
+
+    sources = [[7] * 30 + [EOS], [8, EOS], [9, 9, EOS]]
+    batch = DecodeBatch.start([DecodeRequest(s, 5, beam=b) for s, b in zip(sources, (1, 2, 1))], encoder, SPEC)
+    assert sorted(calls) == [(1, 31), (2, 3)]  # the two short sources in one run, the long one alone
+    assert batch.src_mask.shape == (4, 31) and batch.src_mask.sum(1).tolist() == [31, 2, 2, 3]
+    keys = batch.cross_keys[0][:, 0, :, 0]
+    assert keys[1].tolist() == keys[2].tolist() == [8.5, 2.5] + [0.0] * 29  # beam rows share their source's
+    assert keys[3, :4].tolist() == [9.5, 9.5, 2.5, 0.0] and (batch.cross_values[0][:, 0, :, 0] == -keys).all()
+    with pytest.raises(ValueError):
+        DecodeBatch.start([], encoder, SPEC)
+
+
 @pytest.fixture(scope="module")
 def real_graphs():
     """The shipped translator's encoder and step decoder (no training, no torch)."""
@@ -117,6 +154,19 @@ def test_on_real_graphs_batching_and_beam_one_change_nothing(real_graphs):
         assert len(h.tokens) <= spec.max_length(len(s))
     best = beam_search(enc, dec, sources, spec, beam=4, length_penalty=0.0)
     assert all(b.score >= g.score - 1e-4 for b, g in zip(best, batched) if g.finished)
+
+
+def test_on_real_graphs_runs_encode_as_one_padded_batch_does(real_graphs):
+    enc, _, spec = real_graphs
+    sources = [[40 + i for i in range(n)] + [2] for n in (2, 30, 3, 12, 28, 5)]
+    batch = DecodeBatch.start([DecodeRequest(s, 5) for s in sources], enc, spec)
+    ids, mask = pad_sources(sources, spec.pad_id)
+    one = enc({"src_ids": ids, "src_mask": mask})
+    assert (batch.src_mask == mask).all()
+    for layer, (k, v) in enumerate(zip(batch.cross_keys, batch.cross_values)):
+        real = mask[:, None, :, None]  # padded positions hold different (masked) values
+        np.testing.assert_allclose(np.where(real, k, 0), np.where(real, one["cross_keys"][layer], 0), atol=2e-5)
+        np.testing.assert_allclose(np.where(real, v, 0), np.where(real, one["cross_values"][layer], 0), atol=2e-5)
 
 
 def test_requests_joining_a_running_batch_get_what_they_get_alone(real_graphs):
