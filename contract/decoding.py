@@ -313,44 +313,57 @@ def top_candidates(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _select(
-    req: DecodeRequest, ids: np.ndarray, values: np.ndarray, eos: int, log_probs: np.ndarray | None = None
-) -> list[tuple[int, int]]:
-    """Advance one request by a step: (row within the request, next token) for each surviving beam.
+    reqs: list[DecodeRequest], ids: np.ndarray, values: np.ndarray, eos: int, log_probs: np.ndarray | None
+) -> list[list[tuple[int, int]]]:
+    """Advance requests of one beam width by a step: per request, (row within it, next token) for each surviving beam.
 
-    ``ids``/``values`` (beam, k >= 2 beam): each row's best candidates (``top_candidates``); the best
-    2 beam continuations of the whole request are among them. ``log_probs`` (beam, V): the full
-    rows, needed only to record a hypothesis's history.
+    ``ids``/``values`` (R, beam, k >= 2 beam): each row's best candidates (``top_candidates``); the best
+    2 beam continuations of a request are among them. The ranking and the tests on it (finite, eos
+    within the top ``beam``, room for finished hypotheses, the first ``beam`` other tokens live) run
+    on all requests at once; only the new hypotheses are built one by one. ``log_probs`` (R, beam,
+    V): the full rows, needed only to record a hypothesis's history.
     """
-    req.steps += 1
-    scores = np.array([h.score for h in req.live])[:, None] + values.astype(np.float64)  # (beam, k)
-    flat = scores.ravel()
-    k = min(2 * req.beam, flat.size)
-    survivors, live = [], []
-    for rank, c in enumerate(np.argsort(-flat, kind="stable")[:k]):  # ties: lower row, then lower token id
-        if not np.isfinite(flat[c]):
-            break
-        row = int(c) // ids.shape[1]
-        tok = int(ids.flat[c])
-        parent = req.live[row]
-        history = parent.step_log_probs + [log_probs[row].copy()] if req.record and log_probs is not None else []
-        if tok == eos:
-            if rank < req.beam and len(req.done) < req.beam:  # an eos below the top `beam` never ends a search
-                req.done.append(Hypothesis(parent.tokens, float(flat[c]), True, history))
-        elif len(live) < req.beam:
-            live.append(Hypothesis(parent.tokens + [tok], float(flat[c]), False, history))
-            survivors.append((row, tok))
-        if len(live) == req.beam and len(req.done) >= req.beam:
-            break
-    if len(req.done) >= req.beam or req.steps >= req.max_new_tokens or not live:
-        req.live = live  # at the length limit, results() tops the n-best list up with these
-        return []
-    pad = req.beam - len(live)  # fewer live candidates than beams (tiny vocabularies): dead rows
-    req.live = live + [Hypothesis(live[0].tokens, -np.inf, False)] * pad
-    return survivors + [survivors[0]] * pad
+    n, beam, k = ids.shape
+    live = np.array([[h.score for h in r.live] for r in reqs])  # (R, beam) float64
+    flat = (live[:, :, None] + values.astype(np.float64)).reshape(n, beam * k)
+    top_k = min(2 * beam, beam * k)
+    order = np.argsort(-flat, axis=1, kind="stable")[:, :top_k]  # ties: lower row, then lower token id
+    scores = np.take_along_axis(flat, order, 1)
+    tokens = np.take_along_axis(ids.reshape(n, beam * k), order, 1)
+    finite = np.cumprod(np.isfinite(scores), axis=1).astype(bool)  # nothing after the first -inf counts
+    ends = finite & (tokens == eos) & (np.arange(top_k) < beam)  # an eos below the top `beam` never ends a search
+    room = beam - np.array([len(r.done) for r in reqs])[:, None]
+    ends &= np.cumsum(ends, axis=1) <= room
+    goes_on = finite & (tokens != eos)
+    goes_on &= np.cumsum(goes_on, axis=1) <= beam
+    out = []
+    for i, (req, parent_rows, toks, score_row, end_row, on_row) in enumerate(
+        zip(reqs, (order // k).tolist(), tokens.tolist(), scores.tolist(), ends.tolist(), goes_on.tolist())
+    ):
+        req.steps += 1
+        survivors, new_live = [], []
+        for row, tok, score, ended, continues in zip(parent_rows, toks, score_row, end_row, on_row):
+            if not (ended or continues):
+                continue
+            parent = req.live[row]
+            history = parent.step_log_probs + [log_probs[i, row].copy()] if req.record and log_probs is not None else []
+            if ended:
+                req.done.append(Hypothesis(parent.tokens, score, True, history))
+            else:
+                new_live.append(Hypothesis(parent.tokens + [tok], score, False, history))
+                survivors.append((row, tok))
+        if len(req.done) >= req.beam or req.steps >= req.max_new_tokens or not new_live:
+            req.live = new_live  # at the length limit, results() tops the n-best list up with these
+            out.append([])
+            continue
+        pad = req.beam - len(new_live)  # fewer live candidates than beams (tiny vocabularies): dead rows
+        req.live = new_live + [Hypothesis(new_live[0].tokens, -np.inf, False)] * pad
+        out.append(survivors + [survivors[0]] * pad)
+    return out
 
 
 def _greedy(req: DecodeRequest, tok: int, log_prob: float, eos: int) -> list[tuple[int, int]]:
-    """``_select`` for beam 1, without the candidate search: the batch's argmax is computed once."""
+    """``_select`` for beam 1, without the candidate search: the argmax of the request's row."""
     req.steps += 1
     h = req.live[0]
     if tok == eos:
@@ -361,18 +374,37 @@ def _greedy(req: DecodeRequest, tok: int, log_prob: float, eos: int) -> list[tup
     return [] if req.steps >= req.max_new_tokens else [(0, tok)]
 
 
-def _candidates(batch: DecodeBatch, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The best candidates (ids, log-probs) of every row of a request that searches (beam > 1, or recording)."""
+def _advance(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> list[list[tuple[int, int]]]:
+    """Every request's survivors after this step's ``log_probs`` (``[]``: it finished or was cancelled).
+
+    Greedy requests take their row's argmax; searching ones (beam > 1, or recording) are selected
+    together, one :func:`_select` per beam width, on each row's ``top_candidates``.
+    """
     requests = batch.requests
-    beams = [r.beam for r in requests]
-    searches = [r.beam > 1 or r.record for r in requests]
-    searching = np.repeat(searches, beams)
-    k = min(2 * max((r.beam for r, s in zip(requests, searches) if s), default=1), log_probs.shape[1])
-    ids = np.zeros((len(log_probs), k), dtype=np.int64)
-    values = np.full((len(log_probs), k), -np.inf, dtype=log_probs.dtype)
-    if searching.any():
-        ids[searching], values[searching] = top_candidates(log_probs[searching], k)
-    return ids, values
+    offsets = np.cumsum([0] + [r.beam for r in requests[:-1]])
+    survivors: list[list[tuple[int, int]]] = [[] for _ in requests]
+    plain = [i for i, r in enumerate(requests) if not r.cancelled and r.beam == 1 and not r.record]
+    if plain:
+        rows = offsets[plain]
+        best = (log_probs if len(rows) == len(log_probs) else log_probs[rows]).argmax(-1)  # every row: no copy
+        for i, tok, lp in zip(plain, best.tolist(), log_probs[rows, best].tolist()):
+            survivors[i] = _greedy(requests[i], tok, lp, eos)
+    widths: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        if not r.cancelled and (r.beam > 1 or r.record):
+            widths.setdefault(r.beam, []).append(i)
+    for beam, idx in widths.items():
+        rows = (offsets[idx][:, None] + np.arange(beam)).ravel()
+        mine = log_probs if len(rows) == len(log_probs) else log_probs[rows]  # every row: no copy
+        k = min(2 * beam, log_probs.shape[1])
+        ids, values = top_candidates(mine, k)
+        recorded = mine.reshape(len(idx), beam, -1) if any(requests[i].record for i in idx) else None
+        chosen = _select(
+            [requests[i] for i in idx], ids.reshape(len(idx), beam, k), values.reshape(len(idx), beam, k), eos, recorded
+        )
+        for i, picked in zip(idx, chosen):
+            survivors[i] = picked
+    return survivors
 
 
 def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[DecodeRequest], DecodeBatch]:
@@ -391,21 +423,8 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[De
         feeds[f"cross_keys_{i}"], feeds[f"cross_values_{i}"] = batch.cross_keys[i], batch.cross_values[i]
     out = decoder(feeds)
     batch.append([out[f"new_keys_{i}"] for i in layers], [out[f"new_values_{i}"] for i in layers])  # in place
-    log_probs = out["log_probs"]
-    ids, values = _candidates(batch, log_probs)
-    best = log_probs.argmax(-1)
-    best_log_probs = log_probs[np.arange(len(best)), best].tolist()
-    best = best.tolist()
     finished, keep, rows, tokens, offset = [], [], [], [], 0
-    for req in batch.requests:
-        if req.cancelled:
-            survivors = []
-        elif req.beam == 1 and not req.record:
-            survivors = _greedy(req, best[offset], best_log_probs[offset], spec.eos_id)
-        else:
-            end = offset + req.beam
-            k = min(2 * req.beam, ids.shape[1])
-            survivors = _select(req, ids[offset:end, :k], values[offset:end, :k], spec.eos_id, log_probs[offset:end])
+    for req, survivors in zip(batch.requests, _advance(batch, out["log_probs"], spec.eos_id)):
         if survivors:
             keep.append(req)
             rows += [offset + r for r, _ in survivors]
@@ -417,8 +436,9 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[De
     if not finished:  # the same requests: at most beams reorder within each, so only their cache rows move
         moved = np.flatnonzero(order != np.arange(len(order)))
         if len(moved):
+            w = batch.width  # columns past it are empty in every row
             for cache in (*batch.past_keys, *batch.past_values):
-                cache[moved] = cache[order[moved]]  # the right side is gathered before it is written
+                cache[moved, :, :w] = cache[order[moved], :, :w]  # the right side is gathered before it is written
         batch.tokens = np.array(tokens, dtype=np.int64)
         return finished, batch
     return finished, batch.take(order, keep, np.array(tokens, dtype=np.int64))
