@@ -68,12 +68,19 @@ def classifier_logits(path: Path, x: np.ndarray) -> np.ndarray:
     return np.concatenate([s.run([LOGITS], {INPUT: x[i : i + 500]})[0] for i in range(0, len(x), 500)])
 
 
-def classifier_evaluation(fp32_entry: Path, int8_entry: Path, manifest: dict, x: np.ndarray, y: np.ndarray) -> dict:
+def classifier_evaluation(
+    fp32_entry: Path,
+    int8_entry: Path,
+    manifest: dict,
+    x: np.ndarray,
+    y: np.ndarray,
+    max_loss: float = MAX_ACCURACY_LOSS,
+) -> dict:
     ref, got = classifier_logits(fp32_entry / "model.onnx", x), classifier_logits(int8_entry / "model.onnx", x)
     accuracy, fp32_accuracy = float((got.argmax(-1) == y).mean()), float((ref.argmax(-1) == y).mean())
-    if fp32_accuracy - accuracy > MAX_ACCURACY_LOSS:
+    if fp32_accuracy - accuracy > max_loss:
         raise VariantRefused(
-            f"int8 test accuracy {accuracy:.4f} is more than {MAX_ACCURACY_LOSS:.3f} below fp32's {fp32_accuracy:.4f}"
+            f"int8 test accuracy {accuracy:.4f} is more than {max_loss:.3f} below fp32's {fp32_accuracy:.4f}"
         )
     evaluation = {
         **manifest["evaluation"],
@@ -90,13 +97,21 @@ def classifier_evaluation(fp32_entry: Path, int8_entry: Path, manifest: dict, x:
 
 
 def export_int8(
-    fp32_entry: Path, repository: Path, name: str, version: str, force: bool, x_test: np.ndarray, y_test: np.ndarray
+    fp32_entry: Path,
+    repository: Path,
+    name: str,
+    version: str,
+    force: bool,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    max_loss: float = MAX_ACCURACY_LOSS,
 ) -> Path:
-    """The int8 variant of a classifier entry, scored on ``x_test`` (preprocessed) and ``y_test``."""
+    """The int8 variant of a classifier entry, scored on ``x_test`` (preprocessed) and ``y_test``; refused
+    when its accuracy is more than ``max_loss`` below fp32's."""
     manifest = read_manifest(fp32_entry)
     with StagedEntry(repository, name, version, force) as stage:
         quantize_graphs(fp32_entry, manifest, stage.dir)
-        evaluation = classifier_evaluation(fp32_entry, stage.dir, manifest, x_test, y_test)
+        evaluation = classifier_evaluation(fp32_entry, stage.dir, manifest, x_test, y_test, max_loss)
         final = stage.commit(variant_manifest(manifest, name, version, evaluation))
     print(
         f"wrote {final}: int8 test accuracy {evaluation['test_accuracy']:.4f} (fp32 "

@@ -165,6 +165,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--opset", type=int, default=18)
     p.add_argument("--data-dir", type=Path, help="dataset location, if not the default one")
     p.add_argument("--int8", action="store_true", help="also write <name>-int8: dynamic int8 quantisation")
+    p.add_argument(
+        "--int8-max-loss",
+        type=float,
+        default=0.3,
+        metavar="POINTS",
+        help="refuse the int8 variant if its test accuracy is more points below fp32's (default: %(default)s)",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -210,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.int8:
         from export.quantize import export_int8
 
-        export_int8(final, args.repository, f"{args.name}-int8", version, args.force, x_test, data.test_labels)
+        name = f"{args.name}-int8"
+        export_int8(
+            final, args.repository, name, version, args.force, x_test, data.test_labels, args.int8_max_loss / 100
+        )
     return 0
 
 

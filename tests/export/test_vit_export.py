@@ -128,6 +128,8 @@ def test_int8_variant_records_its_own_accuracy(tiny_vit_checkpoint, tmp_path):
         "--version",
         "3",
         "--int8",
+        "--int8-max-loss",  # the tiny model is 40-50% accurate: its int8 copy may lose points; the gate is tested below
+        "100",
         "--no-progress",
     )
     assert proc.returncode == 0, proc.stderr
@@ -136,6 +138,14 @@ def test_int8_variant_records_its_own_accuracy(tiny_vit_checkpoint, tmp_path):
     assert 0.0 < m["evaluation"]["test_accuracy"] <= 1.0
     assert 0.9 <= m["evaluation"]["vs_fp32"]["top1_agreement"] <= 1.0
     load_entry(tmp_path / "vit-int8" / "3")  # its sha256s verify
+
+
+def test_an_int8_variant_below_the_gate_is_refused_and_leaves_nothing(tiny_vit_checkpoint, tmp_path):
+    args = ["--checkpoint", str(tiny_vit_checkpoint), "--repository", str(tmp_path), "--version", "4", "--int8"]
+    proc = run_module("export.vit", *args, "--int8-max-loss", "-100", "--no-progress")  # no variant can pass
+    assert proc.returncode == 2 and "int8 test accuracy" in proc.stderr and "more than -1.000 below" in proc.stderr
+    assert (tmp_path / "vit" / "4" / "manifest.json").is_file()  # the fp32 entry stands
+    assert not (tmp_path / "vit-int8" / "4").exists()
 
 
 def test_export_refuses_to_overwrite_without_force(tiny_vit_checkpoint, tiny_vit_repository):
