@@ -15,7 +15,7 @@ from contract.tokenizer import Tokenizer
 from export.common import ExportError
 from export.translator import check_parity, decoder_spec, export_graphs, parity_report
 from model.seq2seq import Seq2Seq, Seq2SeqConfig
-from tests.conftest import run_module
+from tests.conftest import ROOT, run_module
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +136,28 @@ def test_cli_errors(tiny_translator_checkpoint, tmp_path):
     )
     assert proc.returncode == 2 and "test.tsv" in proc.stderr and "Traceback" not in proc.stderr
     assert not any((tmp_path / "translator").glob("*")) if (tmp_path / "translator").exists() else True
+
+
+def test_evaluating_an_existing_entry_gives_its_export_time_figures(entry, tiny_translation_data, tmp_path):
+    out = tmp_path / "evaluation.json"
+    proc = run_module(
+        "export.evaluate", "--entry", str(entry.path), "--data", str(tiny_translation_data), "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    again, recorded = json.loads(out.read_text()), read_manifest(entry.path)["evaluation"]
+    for key in ("greedy", "beam4"):  # same graphs, same split: the manifest's scores, recomputed
+        assert {m: again[key][m] for m in ("bleu", "chrf")} == {m: recorded[key][m] for m in ("bleu", "chrf")}
+    assert again["domains"].keys() == recorded["domains"].keys() and again["signatures"] == recorded["signatures"]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("translator/1 on ") and lines[-1].split()[:2] == ["overall", str(again["sentences"])]
+    assert any(line.split()[0] == "everyday" for line in lines[1:])
+
+
+def test_evaluate_errors_are_one_line(tiny_translation_data, tmp_path):
+    vit = ROOT / "models" / "vit" / "1"
+    for args, message in (
+        (["--entry", str(vit), "--data", str(tiny_translation_data)], "not a translator"),
+        (["--entry", str(tmp_path / "missing")], "missing"),
+    ):
+        proc = run_module("export.evaluate", *args)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
