@@ -9,8 +9,9 @@ the entry's ONNX graphs), checks that its greedy translations of the benchmark s
 and beam 4, 20 and 64 generated tokens: our bare decoding loop (``contract/decoding.py`` on
 onnxruntime sessions built with the service's options, as ``bench_translate`` runs it) on the entry
 and on its int8 variant (the repository's ``<name>-int8``, or quantised here as ``export.quantize``
-does) against CTranslate2 float32 and int8 (``compute_type="int8"``), each at 1 and at 2 intra-op
-threads, the faster kept per configuration. Every run generates exactly that many tokens per sentence
+does) against CTranslate2 float32 and int8 (``compute_type="int8"``), every engine at 1 and at 2
+intra-op threads, the faster kept per configuration (the service itself leaves one core to its
+event loop: on two cores it runs onnxruntime on one; both counts are printed). Every run generates exactly that many tokens per sentence
 (end-of-sentence ruled out: ``without_eos`` for ours, ``min_decoding_length`` for CTranslate2;
 checked on the first run). In each of ``--rounds`` rounds every configuration runs every engine in
 turn (the order rotating by round); the median of the rounds is kept. Skipped, with a note, when
@@ -89,7 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--version", help="the entry's version (default: the highest)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is kept (default 5)")
     p.add_argument(
-        "--threads", type=int, nargs="+", default=[1, 2], help="CTranslate2 intra-op thread counts to try (1 2)"
+        "--threads", type=int, nargs="+", default=[1, 2], help="intra-op thread counts to try, for each engine (1 2)"
     )
     args = p.parse_args(argv)
     if args.rounds < 1 or min(args.threads) < 1:
@@ -117,24 +118,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.version
         else max(folder.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
     )
-    settings = Settings()
-    threads = settings.intra_op_threads or max(1, (os.cpu_count() or 2) - 1)
-    bare = {"ours fp32": Bare(entry_dir, settings)}
+    engines = [Engine(kind, t) for kind in (*OURS, *COMPUTE_TYPES) for t in args.threads]
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         model_dir = convert(entry_dir, Path(tmp) / "ct2")
         converted_s = time.perf_counter() - start
         int8_dir, int8_origin = int8_variant(args.repository, args.name, entry_dir, Path(tmp) / "repo")
-        bare["ours int8"] = Bare(int8_dir, settings)
-        engines = [Engine(kind, threads) for kind in OURS]
-        engines += [Engine(kind, t) for kind in COMPUTE_TYPES for t in args.threads]
+        folders = {"ours fp32": entry_dir, "ours int8": int8_dir}
+        bare = {e: Bare(folders[e.name], Settings(intra_op_threads=e.threads)) for e in engines if e.ours}
         ct2 = {e: translator(model_dir, e.threads, COMPUTE_TYPES[e.name]) for e in engines if not e.ours}
-    fp32 = bare["ours fp32"]
+    fp32 = next(b for e, b in bare.items() if e.name == "ours fp32")
+    service_threads = Settings().intra_op_threads or max(1, (os.cpu_count() or 2) - 1)
     print(
         f"{args.name}/{entry_dir.name}: {fp32.manifest.model['parameters']:,} parameters, CTranslate2 model built "
         f"from {entry_dir} in {converted_s:.1f} s; our int8 variant: {int8_origin}; CTranslate2 "
-        f"{ctranslate2.__version__}, onnxruntime {onnxruntime.__version__} with {threads} intra-op thread(s) "
-        f"(the service's setting); {os.cpu_count()} cores; medians of {args.rounds} rounds"
+        f"{ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}; {os.cpu_count()} cores (the service "
+        f"runs onnxruntime on {service_threads} intra-op thread(s) here); medians of {args.rounds} rounds"
     )
     for kind in COMPUTE_TYPES:
         engine = next(e for e in ct2 if e.name == kind)
@@ -144,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(engine: Engine, batch: int, beam: int, tokens: int) -> Callable[[], list[list[int] | list[str]]]:
         sources = fp32.sources(batch)
         if engine.ours:
-            b = bare[engine.name]
+            b = bare[engine]
             return lambda: [
                 r.results()[0].tokens
                 for r in run_to_end(
@@ -175,40 +174,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
     rate = {key: key[0][0] * key[0][2] / statistics.median(s) for key, s in seconds.items()}  # tok/s
-    ours = {kind: next(e for e in engines if e.name == f"ours {kind}") for kind in COMPUTE_TYPES}
-    best = {  # (config, kind) -> the faster thread setting
-        (config, kind): max((e for e in ct2 if e.name == kind), key=lambda e, c=config: rate[c, e])
+    best = {  # (config, engine kind) -> its faster thread setting
+        (config, kind): max((e for e in engines if e.name == kind), key=lambda e, c=config: rate[c, e])
         for config in CONFIGS
-        for kind in COMPUTE_TYPES
+        for kind in (*OURS, *COMPUTE_TYPES)
     }
     print()
     header = f"{'tokens/s':<28}" + "".join(
-        f"{f'ours {kind}':>11}{f'CT2 {kind}':>10}{'thr':>4}{'ratio':>8}" for kind in COMPUTE_TYPES
+        f"{f'ours {kind}':>11}{'thr':>4}{f'CT2 {kind}':>10}{'thr':>4}{'ratio':>8}" for kind in COMPUTE_TYPES
     )
     print(header)
     print("-" * len(header))
     for config in CONFIGS:
         cells = [f"{config_label(*config):<28}"]
         for kind in COMPUTE_TYPES:
-            mine, theirs = rate[config, ours[kind]], rate[config, best[config, kind]]
-            cells.append(f"{mine:>11,.0f}{theirs:>10,.0f}{best[config, kind].threads:>4}{mine / theirs:>7.2f}x")
+            mine, theirs = best[config, f"ours {kind}"], best[config, kind]
+            cells.append(
+                f"{rate[config, mine]:>11,.0f}{mine.threads:>4}{rate[config, theirs]:>10,.0f}{theirs.threads:>4}"
+                f"{rate[config, mine] / rate[config, theirs]:>7.2f}x"
+            )
         print("".join(cells))
     print(
-        f"\nratio: ours ÷ CTranslate2 of the same precision; thr: CTranslate2's faster intra-op thread count for "
-        f"that configuration. Below, each CTranslate2 setting (tok/s at each thread count) and the lowest and "
-        f"highest single-round ratio: how far the {args.rounds} rounds spread."
+        f"\nratio: ours ÷ CTranslate2 of the same precision, each at its faster intra-op thread count (thr). "
+        f"Below, every engine's tok/s at each thread count, and the lowest and highest single-round ratio: how "
+        f"far the {args.rounds} rounds spread."
     )
-    print(
-        f"{'':<28}"
-        + "".join(
-            "".join(f"{f'{kind} {t} thr':>12}" for t in args.threads) + f"{'rounds':>13}" for kind in COMPUTE_TYPES
-        )
-    )
+    kinds = (*OURS, *COMPUTE_TYPES)
+    print(f"{'':<28}" + "".join(f"{f'{kind} {t}':>13}" for kind in kinds for t in args.threads) + f"{'rounds':>26}")
     for config in CONFIGS:
         cells = [f"{config_label(*config):<28}"]
+        cells += [f"{rate[config, e]:>13,.0f}" for kind in kinds for e in engines if e.name == kind]
         for kind in COMPUTE_TYPES:
-            per_round = [t / o for t, o in zip(seconds[config, best[config, kind]], seconds[config, ours[kind]])]
-            cells += [f"{rate[config, e]:>12,.0f}" for e in ct2 if e.name == kind]
+            mine, theirs = best[config, f"ours {kind}"], best[config, kind]
+            per_round = [t / o for t, o in zip(seconds[config, theirs], seconds[config, mine])]
             cells.append(f"{min(per_round):>7.2f}-{max(per_round):.2f}x")
         print("".join(cells))
     return 0
