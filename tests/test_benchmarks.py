@@ -67,16 +67,16 @@ def test_bench_ctranslate2_checks_parity_then_compares_every_configuration(tiny_
     assert proc.returncode == 0, proc.stderr
     assert "CTranslate2 fp32 greedy translations identical to ours: 32/32 sentences" in proc.stdout
     assert re.search(r"CTranslate2 int8 greedy translations identical to ours: \d+/32 sentences", proc.stdout)
-    fp32_cells = r"([\d,]+) +([\d,]+) +([12]) +([\d.]+)x"  # ours tok/s, CT2 fp32 tok/s, its threads, ratio
-    int8_cells = r"([\d,]+) +([12]) +([\d.]+)x"  # CT2 int8 tok/s, its threads, ratio
-    row = re.compile(rf"^(batch \d+, (?:greedy|beam 4), \d+ tokens) +{fp32_cells} +{int8_cells}$", re.MULTILINE)
+    assert "our int8 variant: quantised here as export.quantize does" in proc.stdout  # the tiny repository has none
+    cells = r"([\d,]+) +([12]) +([\d,]+) +([12]) +([\d.]+)x"  # ours tok/s, threads, CT2 tok/s, threads, ratio
+    row = re.compile(rf"^(batch \d+, (?:greedy|beam 4), \d+ tokens) +{cells} +{cells}$", re.MULTILINE)
     rows = {m[0]: m[1:] for m in row.findall(proc.stdout)}
     configs = [(b, s, n) for b in (1, 16) for s in ("greedy", "beam 4") for n in (20, 64)]
     assert set(rows) == {f"batch {b}, {s}, {n} tokens" for b, s, n in configs}
-    for ours, fp32, _, fp32_ratio, int8, _, int8_ratio in rows.values():
-        ours, fp32, int8 = (float(x.replace(",", "")) for x in (ours, fp32, int8))
-        assert min(ours, fp32, int8) > 1 and float(fp32_ratio) == pytest.approx(ours / fp32, rel=0.05, abs=0.01)
-        assert float(int8_ratio) == pytest.approx(ours / int8, rel=0.05, abs=0.01)
+    for cells_of_row in rows.values():
+        for ours, _, theirs, _, ratio in (cells_of_row[:5], cells_of_row[5:]):  # fp32 against fp32, int8 against int8
+            ours, theirs = (float(x.replace(",", "")) for x in (ours, theirs))
+            assert min(ours, theirs) > 1 and float(ratio) == pytest.approx(ours / theirs, rel=0.05, abs=0.01)
 
 
 def test_bench_attention_runs_and_prints_its_table(tiny_vit_repository, tiny_translator_repository, tmp_path):
