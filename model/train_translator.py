@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     seed_everything(args.seed)
     out = args.out or Path("checkpoints") / f"translator-{args.profile}"
-    start_from = entry_start(args.init_from) if args.init_from and not args.resume else None
+    # with --resume too: the entry gives the tokenizer and config; the weights come from last.pt then
+    start_from = entry_start(args.init_from) if args.init_from else None
     try:
         tok = Tokenizer.load(args.tokenizer or (start_from[2] if start_from else args.data / "spm" / "spm.model"))
     except TokenizerError as e:
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     bleu_refs = [valid_pairs[ex.index][1] for ex in bleu_examples]
 
     model = Seq2Seq(cfg)
-    if start_from:
+    if start_from and not args.resume:
         model.load_state_dict(start_from[1])  # strict: every parameter named in the graphs, none left over
     model.to(device)
     opt, sched = build_optimizer(model, hp)

@@ -121,6 +121,23 @@ def test_init_from_a_shipped_entry_starts_at_its_exported_weights(
         torch.testing.assert_close(last["state_dict"][name], tensor, atol=1e-6, rtol=0, msg=name)
 
 
+def test_a_run_from_an_entry_resumes_with_the_entrys_tokenizer(
+    tiny_translator_repository, tiny_translation_data, tmp_path
+):
+    data = tmp_path / "data"  # a corpus without a tokenizer of its own: the entry's is the one to use
+    data.mkdir()
+    for split in ("train.tsv", "valid.tsv"):
+        (data / split).write_bytes((tiny_translation_data / split).read_bytes())
+    entry = tiny_translator_repository / "translator" / "1"
+    args = ["--data", str(data), "--out", str(tmp_path / "run"), "--init-from", str(entry), "--max-tokens", "256"]
+    proc = run_module("model.train_translator", "--profile", "tiny", *args, "--max-steps", "2")
+    assert proc.returncode == 2, proc.stderr  # stopped inside the first epoch
+    proc = run_module("model.train_translator", "--profile", "tiny", *args, "--resume")
+    assert proc.returncode == 0 and "resuming at epoch 1" in proc.stderr, proc.stderr
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=False)
+    assert best["training"]["init_from"]["entry"] == "translator/1" and best["training"]["epochs_done"] == 1
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [(["--dim", "64"], "--init-from takes the entry's model config: drop --dim"), ([], "--init-from")],
