@@ -8,7 +8,7 @@ encodings, GELU (erf) is the activation, the LayerNorm epsilon is the graphs' ow
 vocabulary is the tokenizer's pieces, so CTranslate2 decodes exactly our model;
 :func:`greedy_agreement` checks that on real sentences.
 
-The weights come from the entry's ``encoder.onnx`` and ``decoder.onnx`` (``contract/weights.py``),
+The weights come from the entry's ``encoder.onnx`` and ``decoder.onnx`` (``model/onnx_weights.py``),
 not from a training checkpoint, so anyone with the repository can rerun the comparison. Needs
 numpy, onnx and ``ctranslate2`` (the dev install has them); no torch. The service imports none of this.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from contract.decoding import DecodeRequest, DecoderSpec, Graph, run_to_end
 from contract.manifest import load_entry
 from contract.tokenizer import Tokenizer
-from contract.weights import WeightNotIdentified, read_weights
+from model.onnx_weights import WeightNotIdentified, read_weights
 
 
 def sinusoidal(positions: int, dim: int) -> np.ndarray:

@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from contract.manifest import ManifestError, load_entry
 from contract.tokenizer import Tokenizer, TokenizerError
-from contract.weights import read_weights
 from model.cli import CliError, run_cli
+from model.onnx_weights import read_weights
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import inverse_sqrt, load_checkpoint, save_checkpoint, seed_everything
 from model.translation.batching import Example, encode_pairs, make_batches, pad_batch

@@ -7,7 +7,8 @@ keep their PyTorch names in the graphs, but the exporter constant-folds each lin
 into a transposed initializer with a generated name (``val_24``); its name is recovered from the
 graph: the ``MatMul`` that multiplies by it feeds one ``Add`` of a ``<layer>.bias`` initializer, so it
 is ``<layer>.weight``. A weight no rule identifies is an error (:class:`WeightNotIdentified`), never
-a guess. Needs numpy and onnx; no torch. The service imports none of this.
+a guess. Needs numpy and onnx, not torch (the CTranslate2 benchmark runs without it). The service
+imports none of this.
 """
 
 from __future__ import annotations
