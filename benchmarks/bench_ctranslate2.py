@@ -60,14 +60,9 @@ def int8_variant(repository: Path, name: str, entry_dir: Path, tmp: Path) -> tup
     shipped = repository / f"{name}-int8" / entry_dir.name
     if (shipped / "manifest.json").is_file():
         return shipped, f"{shipped}"
-    from contract.manifest import read_manifest
-    from export.common import StagedEntry
-    from export.quantize import quantize_graphs, variant_manifest
+    from export.quantize import write_variant
 
-    manifest = read_manifest(entry_dir)
-    with StagedEntry(tmp, f"{name}-int8", entry_dir.name, False) as stage:
-        quantize_graphs(entry_dir, manifest, stage.dir)
-        final = stage.commit(variant_manifest(manifest, f"{name}-int8", entry_dir.name, {}))
+    final, _ = write_variant(entry_dir, tmp, f"{name}-int8", entry_dir.name, False, lambda folder, manifest: {})
     return final, f"quantised here as export.quantize does ({shipped} is absent: make int8 writes it)"
 
 

@@ -52,7 +52,7 @@ from export.common import (
     now_iso,
 )
 from export.graphs import keep_outputs
-from export.vit import ATTENTION_TOL, ATTENTIONS, INPUT, LOGITS, LOGITS_TOL, export_image_graph
+from export.vit import ATTENTION_TOL, ATTENTIONS, INPUT, LOGITS, LOGITS_TOL, export_image_graph, parity_problems
 from model.cli import CliError, run_cli
 
 # Only the local folder: transformers must not look anything up on the Hub (set before it is imported).
@@ -239,13 +239,7 @@ def preprocessing_parity(ckpt: Checkpoint, prep: dict, images: np.ndarray) -> fl
 
 
 def check_image_parity(report: dict) -> None:
-    problems = []
-    if report["max_abs_logits"] > LOGITS_TOL:
-        problems.append(f"max |dlogits| {report['max_abs_logits']:.2e} > {LOGITS_TOL:.0e}")
-    if report["max_abs_attention"] > ATTENTION_TOL:
-        problems.append(f"max |dattention| {report['max_abs_attention']:.2e} > {ATTENTION_TOL:.0e}")
-    if not report["argmax_identical"]:
-        problems.append("argmax differs from transformers")
+    problems = parity_problems(report, "transformers")
     if report.get("preprocessing_max_abs") is not None and report["preprocessing_max_abs"] > PREPROCESSING_TOL:
         problems.append(
             f"preprocessing differs from the image processor by {report['preprocessing_max_abs']:.2e} "

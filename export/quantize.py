@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,18 @@ def quantize_graphs(fp32_entry: Path, manifest: dict, out: Path) -> None:
     for file in manifest["files"]:  # tokenizer, samples: copied as they are
         if file not in keep:
             shutil.copy(fp32_entry / file, out / file)
+
+
+def write_variant(
+    fp32_entry: Path, repository: Path, name: str, version: str, force: bool, evaluate: Callable[[Path, dict], dict]
+) -> tuple[Path, dict]:
+    """Quantise an entry into ``<repository>/<name>/<version>``, its manifest's evaluation from
+    ``evaluate(int8_folder, fp32_manifest)``; an exception there refuses the variant and leaves nothing."""
+    manifest = read_manifest(fp32_entry)
+    with StagedEntry(repository, name, version, force) as stage:
+        quantize_graphs(fp32_entry, manifest, stage.dir)
+        evaluation = evaluate(stage.dir, manifest)
+        return stage.commit(variant_manifest(manifest, name, version, evaluation)), evaluation
 
 
 def variant_manifest(manifest: dict, name: str, version: str, evaluation: dict) -> dict:
@@ -108,11 +121,14 @@ def export_int8(
 ) -> Path:
     """The int8 variant of a classifier entry, scored on ``x_test`` (preprocessed) and ``y_test``; refused
     when its accuracy is more than ``max_loss`` below fp32's."""
-    manifest = read_manifest(fp32_entry)
-    with StagedEntry(repository, name, version, force) as stage:
-        quantize_graphs(fp32_entry, manifest, stage.dir)
-        evaluation = classifier_evaluation(fp32_entry, stage.dir, manifest, x_test, y_test, max_loss)
-        final = stage.commit(variant_manifest(manifest, name, version, evaluation))
+    final, evaluation = write_variant(
+        fp32_entry,
+        repository,
+        name,
+        version,
+        force,
+        lambda folder, manifest: classifier_evaluation(fp32_entry, folder, manifest, x_test, y_test, max_loss),
+    )
     print(
         f"wrote {final}: int8 test accuracy {evaluation['test_accuracy']:.4f} (fp32 "
         f"{evaluation['fp32_test_accuracy']:.4f}), top-1 agreement {evaluation['vs_fp32']['top1_agreement']:.4f}, "
@@ -171,11 +187,15 @@ def export_int8_translator(
     fp32_entry: Path, repository: Path, name: str, version: str, force: bool, data: Path, max_test: int | None = None
 ) -> Path:
     """The int8 variant of a translator entry, scored per domain on ``data``'s test split."""
-    manifest, m = read_manifest(fp32_entry), load_entry(fp32_entry).manifest
-    with StagedEntry(repository, name, version, force) as stage:
-        quantize_graphs(fp32_entry, manifest, stage.dir)
-        e = translator_evaluation(fp32_entry, stage.dir, m, data, max_test)
-        final = stage.commit(variant_manifest(manifest, name, version, e))
+    m = load_entry(fp32_entry).manifest
+    final, e = write_variant(
+        fp32_entry,
+        repository,
+        name,
+        version,
+        force,
+        lambda folder, _: translator_evaluation(fp32_entry, folder, m, data, max_test),
+    )
     print(
         f"wrote {final}: int8 test BLEU greedy {e['greedy']['bleu']} beam {e['beam4']['bleu']} (fp32 "
         f"{e['fp32']['greedy']['bleu']} / {e['fp32']['beam4']['bleu']}); identical greedy output "

@@ -99,15 +99,22 @@ def parity_report(vit: ViT, session, x: np.ndarray, batch_sizes=PARITY_BATCHES, 
     return report
 
 
-def check_parity(report: dict, logits_tol: float = LOGITS_TOL, attention_tol: float = ATTENTION_TOL) -> None:
+def parity_problems(
+    report: dict, reference: str, logits_tol: float = LOGITS_TOL, attention_tol: float = ATTENTION_TOL
+) -> list[str]:
+    """What an image classifier's parity report exceeds, against ``reference`` (PyTorch, transformers)."""
     problems = []
     if report["max_abs_logits"] > logits_tol:
         problems.append(f"max |dlogits| {report['max_abs_logits']:.2e} > {logits_tol:.0e}")
     if report["max_abs_attention"] > attention_tol:
         problems.append(f"max |dattention| {report['max_abs_attention']:.2e} > {attention_tol:.0e}")
     if not report["argmax_identical"]:
-        problems.append("argmax differs from PyTorch")
-    if problems:
+        problems.append(f"argmax differs from {reference}")
+    return problems
+
+
+def check_parity(report: dict, logits_tol: float = LOGITS_TOL, attention_tol: float = ATTENTION_TOL) -> None:
+    if problems := parity_problems(report, "PyTorch", logits_tol, attention_tol):
         raise ExportError("ONNX/PyTorch parity check failed: " + "; ".join(problems))
 
 
