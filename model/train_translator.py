@@ -8,7 +8,9 @@ token budget with length bucketing, keeps the checkpoint with the best validatio
 and writes ``metrics.json``. ``--resume`` continues an interrupted or finished run where it stopped;
 ``--time-limit`` ends a run cleanly after so many minutes. ``--init-from models/translator/N`` starts
 from a shipped entry's weights (read from its ONNX graphs), config and tokenizer instead of at random:
-fine-tuning on a widened corpus without the checkpoint the entry came from.
+fine-tuning on a widened corpus without the checkpoint the entry came from. ``--oversample ding=3``
+repeats the training pairs of one source domain (``train.domains``, written by the corpus builder)
+so many times each epoch: the weight of a small domain the model serves badly.
 """
 
 from __future__ import annotations
@@ -92,6 +94,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, help="model config override")
     p.add_argument("--dropout", type=float)
     p.add_argument("--norm", choices=["pre", "post"])
+    p.add_argument(
+        "--oversample",
+        action="append",
+        default=[],
+        metavar="DOMAIN=N",
+        help="repeat the training pairs of a source domain N times per epoch (repeatable)",
+    )
     p.add_argument("--bleu-sentences", type=int, default=300, help="validation sentences decoded each epoch")
     p.add_argument("--keep-epochs", type=int, default=8, help="weights of the last N epochs kept for averaging")
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (smoke tests)")
@@ -142,6 +151,33 @@ def load_split(data: Path, split: str) -> list[tuple[str, str]]:
     if not pairs:
         raise CliError(f"{data / f'{split}.tsv'} holds no sentence pairs")
     return pairs
+
+
+def parse_oversample(specs: list[str]) -> dict[str, int]:
+    factors = {}
+    for spec in specs:
+        domain, _, times = spec.partition("=")
+        if not domain or not times.isdigit() or int(times) < 1:
+            raise CliError(f"--oversample {spec!r}: expected DOMAIN=N with N >= 1, e.g. ding=3")
+        factors[domain] = int(times)
+    return factors
+
+
+def oversample(data: Path, pairs: list[tuple[str, str]], factors: dict[str, int]) -> list[tuple[str, str]]:
+    """``pairs`` with those of each domain in ``factors`` repeated so many times (in corpus order)."""
+    if not factors:
+        return pairs
+    path = data / "train.domains"
+    try:
+        domains = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise CliError(f"--oversample needs {path}: {e.strerror}") from None
+    if len(domains) != len(pairs):
+        raise CliError(f"{path} has {len(domains)} lines for {len(pairs)} training pairs: rebuild the corpus")
+    unknown = sorted(set(factors) - set(domains))
+    if unknown:
+        raise CliError(f"--oversample: no training pair is from {unknown[0]!r} (domains: {sorted(set(domains))})")
+    return [pair for pair, d in zip(pairs, domains, strict=True) for _ in range(factors.get(d, 1))]
 
 
 def batch_loss(model: Seq2Seq, batch: list[Example], hp: dict, smoothing: float) -> tuple[torch.Tensor, int]:
@@ -254,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         if hp["config"].vocab_size != tok.vocab_size:
             raise CliError(f"the tokenizer has {tok.vocab_size} pieces, the entry's model {hp['config'].vocab_size}")
     cfg: Seq2SeqConfig = hp["config"]
+    factors = parse_oversample(args.oversample)
     train_pairs, valid_pairs = load_split(args.data, "train"), load_split(args.data, "valid")
+    train_pairs = oversample(args.data, train_pairs, factors)
     if hp["max_train"]:
         train_pairs, valid_pairs = train_pairs[: hp["max_train"]], valid_pairs[: max(50, hp["max_train"] // 5)]
     train, dropped = encode_pairs(tok, train_pairs, hp["max_length"])
@@ -374,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_pairs": len(train),
             "valid_pairs": len(valid),
             "left_out_long": dropped,
+            "oversample": factors,
             "seed": args.seed,
             "threads": args.threads,
             "profile": args.profile,

@@ -74,6 +74,7 @@ def tiny_translation_data(tmp_path_factory) -> Path:
     pairs = DING_PAIRS + HELP_PAIRS + UI_PAIRS
     domains = ["ding"] * len(DING_PAIRS) + ["help"] * len(HELP_PAIRS) + ["ui"] * len(UI_PAIRS)
     write_tsv(data / "train.tsv", pairs)
+    (data / "train.domains").write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
     write_tsv(data / "valid.tsv", pairs[::3])
     write_tsv(data / "test.tsv", pairs[1::2])
     (data / "test.domains").write_text("".join(f"{d}\n" for d in domains[1::2]), encoding="utf-8")

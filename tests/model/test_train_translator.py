@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from model.cli import run_cli
-from model.train_translator import main
+from model.cli import CliError, run_cli
+from model.train_translator import main, oversample
 from tests.conftest import run_module
 
 
@@ -62,6 +62,9 @@ def test_a_run_stopped_mid_epoch_resumes_where_it_stopped(tiny_translation_data,
         (["--data", "{empty}"], "holds no sentence pairs"),
         (["--data", "{data}", "--out", "{tmp}/new", "--resume"], "does not exist"),
         (["--data", "{data}", "--device", "gpu0"], "device 'gpu0' is not usable here"),
+        (["--data", "{data}", "--oversample", "ding"], "expected DOMAIN=N with N >= 1"),
+        (["--data", "{data}", "--oversample", "ding=0"], "expected DOMAIN=N with N >= 1"),
+        (["--data", "{data}", "--oversample", "news=2"], "no training pair is from 'news'"),
     ],
 )
 def test_cli_errors_are_one_clear_line(args, message, tiny_translation_data, tmp_path):
@@ -79,6 +82,33 @@ def test_cli_errors_are_one_clear_line(args, message, tiny_translation_data, tmp
     proc = run_module("model.train_translator", "--profile", "tiny", *map(fill, args))
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_oversample_repeats_the_pairs_of_the_named_domains_in_corpus_order(tmp_path):
+    pairs = [("a", "A"), ("b", "B"), ("c", "C")]
+    (tmp_path / "train.domains").write_text("ding\nhelp\nding\n", encoding="utf-8")
+    assert oversample(tmp_path, pairs, {}) is pairs
+    assert oversample(tmp_path, pairs, {"ding": 2}) == [("a", "A"), ("a", "A"), ("b", "B"), ("c", "C"), ("c", "C")]
+    assert oversample(tmp_path, pairs, {"ding": 1, "help": 3}) == [
+        ("a", "A"),
+        ("b", "B"),
+        ("b", "B"),
+        ("b", "B"),
+        ("c", "C"),
+    ]
+    with pytest.raises(CliError, match="has 3 lines for 2 training pairs"):
+        oversample(tmp_path, pairs[:2], {"ding": 2})
+    with pytest.raises(CliError, match="--oversample needs"):
+        oversample(tmp_path / "elsewhere", pairs, {"ding": 2})
+
+
+def test_an_oversampled_run_records_its_factors_and_trains_on_the_repeats(tiny_translation_data, tmp_path):
+    train("--data", str(tiny_translation_data), "--out", str(tmp_path), "--epochs", "1", "--oversample", "ding=3")
+    t = torch.load(tmp_path / "best.pt", weights_only=False)["training"]
+    domains = (tiny_translation_data / "train.domains").read_text().splitlines()
+    assert t["oversample"] == {"ding": 3}
+    assert t["train_pairs"] + t["left_out_long"] == len(domains) + 2 * domains.count("ding")
+    assert "--oversample ding=3" in t["command"]
 
 
 def test_average_checkpoints_is_the_elementwise_mean(tmp_path):
