@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.bench_classify import ROOT, Service, load_test_images, pick_model
+from contract.manifest import latest_versions
 
 SENTENCE = (ROOT / "benchmarks" / "translate_sentences.txt").read_text().splitlines()[0]
 
@@ -54,7 +55,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         shutil.copytree(vit_entry, repo / "vit" / "1")
-        shutil.copytree(args.repository / "translator" / "1", repo / "translator" / "1")
+        translator = next(e for e in latest_versions(args.repository) if e.parent.name == "translator")
+        shutil.copytree(translator, repo / "translator" / "1")
         service = Service("switch", repo, "vit", Path(tmp))
         try:
             service.wait_ready()

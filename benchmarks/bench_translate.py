@@ -15,6 +15,10 @@
    batch 1 on the same sentences; the time to the first streamed token; and the latency of the
    32 sentences arriving 10 ms apart, continuous vs static batching.
 Every figure is the median of ``--rounds`` interleaved rounds. A table is printed at the end.
+
+``--against models/translator/N`` compares two entries instead (a new version against the one it
+replaces): the bare loop of each on the same configurations, rounds alternating between the two,
+with the 32 service sentences at their natural lengths (the encoder included) beside them.
 """
 
 from __future__ import annotations
@@ -211,6 +215,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip-service", action="store_true")
+    p.add_argument("--against", type=Path, metavar="ENTRY", help="compare the bare loop with this entry's, only")
     return p.parse_args(argv)
 
 
@@ -226,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
 
+    if args.against:
+        rows = compare_entries(bare, Bare(args.against, settings), args.rounds)
+        width = max(len(k) for k, _ in rows)
+        print()
+        for k, v in rows:
+            print(f"{k:<{width}}  {v}")
+        return 0
     for batch in (1, 16):
         src = bare.sources(batch)
         for n in (16, 32, 64):
@@ -274,6 +286,36 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
+
+
+def compare_entries(new: Bare, old: Bare, rounds: int) -> list[tuple[str, str]]:
+    """Tokens/s of the bare loop of two entries, rounds alternating between them; new ÷ old."""
+
+    def natural(bare: Bare, sources: list[list[int]], beam: int) -> tuple[float, int]:
+        reqs = [DecodeRequest(s, bare.spec.max_length(len(s)), beam=beam) for s in sources]
+        start = time.perf_counter()
+        done = run_to_end(bare.encoder, bare.decoder, reqs, bare.spec)
+        return time.perf_counter() - start, sum(len(r.results()[0].tokens) + 1 for r in done)
+
+    names = f"{new.path.parent.name}/{new.path.name} vs {old.path.parent.name}/{old.path.name}"
+    rows = []
+    for batch, beam, n in [(b, k, n) for b in (1, 16) for k in (1, 4) for n in (20, 64, None)]:
+        runs: dict[str, list[tuple[float, int]]] = {"new": [], "old": []}
+        for i in range(rounds):
+            for key, bare in sorted({"new": new, "old": old}.items(), reverse=i % 2 == 1):
+                if n is None:  # the service sentences as they come (2 for batch 1, all 32 for 16)
+                    runs[key].append(
+                        natural(bare, [bare.tok.encode(t, add_eos=True) for t in SENTENCES[: 2 * batch]], beam)
+                    )
+                else:
+                    runs[key].append((bare.cached(bare.sources(batch), n, beam), batch * n))
+        speed = {k: statistics.median(tokens / t for t, tokens in v) for k, v in runs.items()}
+        ratios = [a[1] / a[0] / (b[1] / b[0]) for a, b in zip(runs["new"], runs["old"], strict=True)]
+        what = f"{n} tokens" if n else f"{2 * batch} service sentences, natural lengths"
+        figures = f"{speed['new']:,.0f} vs {speed['old']:,.0f} tok/s = {speed['new'] / speed['old']:.2f}x"
+        spread = f"(rounds {min(ratios):.2f}x-{max(ratios):.2f}x)"
+        rows.append((f"{names}, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, {what}", f"{figures} {spread}"))
+    return rows
 
 
 def batching_ceiling(args: argparse.Namespace, bare: Bare) -> tuple[str, str]:

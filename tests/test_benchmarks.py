@@ -30,6 +30,16 @@ def assert_sane_figures(stdout: str, labels: tuple[str, ...]) -> None:
                 assert low <= value <= high, f"{value} {unit} out of range in {row!r}"
 
 
+def test_bench_translate_compares_two_entries_interleaved(tiny_translator_repository):
+    entry = tiny_translator_repository / "translator" / "1"
+    args = ("--repository", str(tiny_translator_repository), "--against", str(entry), "--rounds", "2")
+    proc = run_module("benchmarks.bench_translate", *args, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if "translator/1 vs translator/1" in line]
+    assert len(rows) == 12 and "PyTorch eager" not in proc.stdout  # the comparison only
+    assert_sane_figures(proc.stdout, ("batch 1, greedy, 20 tokens", "batch 16, beam 4, 32 service sentences"))
+
+
 def test_bench_translate_runs_and_prints_its_table(tiny_translator_repository, tiny_translator_checkpoint):
     proc = run_module(
         "benchmarks.bench_translate",
