@@ -7,7 +7,9 @@ MODELS  ?= models
 MODEL_DIR ?=# import-hf: the folder save_pretrained wrote
 NAME    ?=# import-hf: the model's name in the repository
 FMNIST  ?= /usr/share/datasets/fashion-mnist
-AVERAGE ?= 8# export-translator: average the weights of the last N epochs (0: the best epoch)
+AVERAGE ?= 8# export: average the ViT's weights of the last N epochs (0: the best epoch)
+TRANSLATOR_AVERAGE ?= 4# export-translator: the same for the translator (translator/3: the last 4)
+TRANSLATOR_RECIPE ?= --oversample ding=3 --oversample tuxpaint=3# train-translator: how translator/3 was trained
 RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
@@ -65,17 +67,17 @@ corpus: install-dev  ## English-German corpus from Debian packages + its Sentenc
 	$(BIN)/python -m model.translation.tokenizer --data data/translation
 
 train-translator: install-dev  ## train the translator (PROFILE=default|tiny; resume with ARGS=--resume)
-	$(BIN)/python -m model.train_translator --profile $(PROFILE) $(ARGS)
+	$(BIN)/python -m model.train_translator --profile $(PROFILE) $(TRANSLATOR_RECIPE) $(ARGS)
 
-export-translator: install-dev  ## export the trained translator into $(MODELS)/translator/2 (parity-checked, last 8 epochs averaged)
-	$(BIN)/python -m export.translator --checkpoint checkpoints/translator-$(PROFILE)/best.pt --repository $(MODELS) --version 2 --force --average $(AVERAGE)
+export-translator: install-dev  ## export the trained translator into $(MODELS)/translator/3 (parity-checked, last 4 epochs averaged)
+	$(BIN)/python -m export.translator --checkpoint checkpoints/translator-$(PROFILE)/best.pt --repository $(MODELS) --version 3 --force --average $(TRANSLATOR_AVERAGE)
 
 import-hf: $(VENV)/.export  ## import a transformers checkpoint folder: make import-hf MODEL_DIR=... NAME=... (docs/import.md)
 	$(BIN)/python -m export.huggingface --model-dir $(MODEL_DIR) --name $(NAME) --repository $(MODELS) $(ARGS)
 
 int8: install-dev data  ## int8 variants of the shipped models beside them, with their measured quality (translator: make corpus first)
 	$(BIN)/python -m export.quantize --entry $(MODELS)/vit/1 --force
-	$(BIN)/python -m export.quantize --entry $(MODELS)/translator/2 --data data/translation --force
+	$(BIN)/python -m export.quantize --entry $(MODELS)/translator/3 --data data/translation --force
 
 models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 

@@ -1,4 +1,4 @@
-"""Score a translator entry on a corpus's test split: ``python -m export.evaluate --entry models/translator/2``.
+"""Score a translator entry on a corpus's test split: ``python -m export.evaluate --entry models/translator/3``.
 
 The evaluation the exporter writes into a new entry's manifest (``export/scoring.py``: sacrebleu
 BLEU and chrF per source domain and overall, greedy and beam 4, the fixed examples), run on an
@@ -26,7 +26,7 @@ from model.translation.textio import TextFileError, read_tsv
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m export.evaluate", description=__doc__.splitlines()[0])
-    p.add_argument("--entry", type=Path, required=True, help="a translator entry, e.g. models/translator/2")
+    p.add_argument("--entry", type=Path, required=True, help="a translator entry, e.g. models/translator/3")
     p.add_argument("--data", type=Path, default=Path("data/translation"), help="corpus folder holding test.tsv")
     p.add_argument("--max-test", type=int, help="score only the first N test pairs (smoke tests)")
     p.add_argument("--out", type=Path, help="write the whole evaluation here as JSON")

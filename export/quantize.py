@@ -1,6 +1,6 @@
 """int8 variants of exported entries: onnxruntime dynamic quantisation of the MatMul/Gemm weights.
 
-``python -m export.quantize --entry models/translator/2 [--data data/translation]`` (or a ViT entry,
+``python -m export.quantize --entry models/translator/3 [--data data/translation]`` (or a ViT entry,
 with ``--data`` the Fashion-MNIST folder) writes ``<name>-int8/<version>``: every graph of the fp32
 entry quantised (weights int8, activations quantised per batch at run time, so the key/value cache
 stays fp32), its quality measured on the same test split as fp32 in the same run, and its agreement
@@ -23,6 +23,7 @@ from contract.decoding import DecoderSpec, session_fn
 from contract.manifest import IMAGE_CLASSIFICATION, TRANSLATION, Manifest, load_entry, read_manifest
 from contract.tokenizer import Tokenizer
 from export.common import StagedEntry, cpu_session, max_abs_diff, now_iso
+from export.shared_weights import WEIGHTS, share_weights
 from model.cli import CliError, run_cli
 
 INPUT, LOGITS = "pixel_values", "logits"
@@ -36,16 +37,18 @@ class VariantRefused(CliError):
 
 
 def quantize_graphs(fp32_entry: Path, manifest: dict, out: Path) -> None:
-    for graph in manifest["graphs"].values():
+    graphs = list(dict.fromkeys(g["file"] for g in manifest["graphs"].values()))
+    for graph in graphs:
         quantize_dynamic(
-            str(fp32_entry / graph["file"]),
-            str(out / graph["file"]),
+            str(fp32_entry / graph),
+            str(out / graph),
             weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul", "Gemm"],
         )
-    keep = {g["file"] for g in manifest["graphs"].values()}
+    if len(graphs) > 1:  # as in the fp32 entry: a parameter several graphs hold is stored once
+        share_weights(out, graphs)
     for file in manifest["files"]:  # tokenizer, samples: copied as they are
-        if file not in keep:
+        if file not in {*graphs, WEIGHTS}:
             shutil.copy(fp32_entry / file, out / file)
 
 
@@ -210,7 +213,7 @@ def export_int8_translator(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m export.quantize", description=__doc__.splitlines()[0])
-    p.add_argument("--entry", type=Path, required=True, help="the fp32 entry, e.g. models/translator/2")
+    p.add_argument("--entry", type=Path, required=True, help="the fp32 entry, e.g. models/translator/3")
     p.add_argument("--data", type=Path, help="test data: the translation corpus folder, or the image dataset folder")
     p.add_argument("--repository", type=Path, help="default: the entry's repository")
     p.add_argument("--name", help="default: <name>-int8")

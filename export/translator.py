@@ -55,6 +55,7 @@ from export.common import (
 )
 from export.graphs import keep_outputs
 from export.scoring import ScoringError, evaluate, read_domains
+from export.shared_weights import share_weights
 from model.cli import CliError, run_cli
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
 from model.training import average_checkpoints, load_checkpoint
@@ -194,6 +195,7 @@ def export_graphs(model: Seq2Seq, folder: Path, opset: int = 18) -> None:
             "src_mask": {0: batch, 1: src},
         },
     ).save(str(folder / "decoder_prefix.onnx"))
+    share_weights(folder, ["encoder.onnx", "decoder.onnx", "decoder_prefix.onnx"])  # each parameter stored once
 
 
 def torch_fn(module: nn.Module, inputs: list[str], outputs: list[str]) -> Graph:

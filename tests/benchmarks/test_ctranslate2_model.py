@@ -24,10 +24,10 @@ from contract.decoding import DecoderSpec, session_fn
 from contract.manifest import describe_files, load_entry, read_manifest, write_manifest
 from contract.tokenizer import Tokenizer
 from model.onnx_weights import WeightNotIdentified, read_weights
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SHIPPED_TRANSLATOR
 from tests.test_imports import imported_roots
 
-SHIPPED = ROOT / "models" / "translator" / "2"
+SHIPPED = SHIPPED_TRANSLATOR
 
 
 def test_the_conversion_from_the_shipped_repository_decodes_greedy_exactly_like_ours(tmp_path):

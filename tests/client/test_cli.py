@@ -78,7 +78,7 @@ def test_models_health_ready_and_attention(cli, client, shoe, tmp_path):
     status, out, _ = cli("models")
     rows = [line.split() for line in out.splitlines()]
     assert status == 0 and len(rows) == len(client.models())
-    assert ["translator", "2", "translation", "ready", "CPUExecutionProvider", "default"] in rows
+    assert ["translator", "3", "translation", "ready", "CPUExecutionProvider", "default"] in rows
     assert cli("health") == (0, "ok\n", "") and cli("ready") == (0, "ready\n", "")
     attention_id = client.classify(shoe, return_attention=True).results[0].attention_id
     status, out, _ = cli("attention", attention_id)

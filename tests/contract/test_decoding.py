@@ -24,7 +24,7 @@ from contract.decoding import (
     step,
 )
 from contract.manifest import load_entry
-from tests.conftest import ROOT
+from tests.conftest import SHIPPED_TRANSLATOR
 
 PAD, BOS, EOS, A, B = range(5)
 SPEC = DecoderSpec(layers=1, heads=1, head_dim=1, max_positions=50)
@@ -135,7 +135,7 @@ def test_a_batch_encodes_in_runs_and_pads_each_source_alike():
 @pytest.fixture(scope="module")
 def real_graphs():
     """The shipped translator's encoder and step decoder (no training, no torch)."""
-    entry = ROOT / "models" / "translator" / "2"
+    entry = SHIPPED_TRANSLATOR
     spec = DecoderSpec.from_manifest(load_entry(entry).manifest)
     sessions = [
         ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])

@@ -16,9 +16,10 @@ from contract.manifest import (
     read_manifest,
     write_manifest,
 )
+from tests.conftest import SHIPPED_TRANSLATOR
 
 ROOT = Path(__file__).resolve().parents[2]
-VIT, TRANSLATOR = ROOT / "models" / "vit" / "1", ROOT / "models" / "translator" / "2"
+VIT, TRANSLATOR = ROOT / "models" / "vit" / "1", SHIPPED_TRANSLATOR
 
 
 def raw(entry: Path) -> dict:

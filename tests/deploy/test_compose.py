@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from tests.conftest import SHIPPED_TRANSLATOR
 from tests.deploy.parsing import (
     ROOT,
     attnserve_env,
@@ -116,7 +117,7 @@ def test_api_settings_are_real_settings(services, name, monkeypatch):
     source, target, mode = re.sub(r"\$\{MODELS_DIR:-([^}]+)\}", r"\1", volume).split(":")
     assert target == str(settings.model_repository) and mode == "ro"
     assert (ROOT / source / "vit" / "1" / "manifest.json").is_file()
-    assert (ROOT / source / "translator" / "2" / "manifest.json").is_file()
+    assert (ROOT / source / SHIPPED_TRANSLATOR.relative_to(ROOT / "models") / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize("name", ["api", "api-cpu"])

@@ -112,7 +112,8 @@ def test_dockerignore_keeps_bulk_and_local_state_out():
         assert ignored(path, rules), f"{path} would be sent to the Docker daemon"
     for path in [
         "models/vit/1/model.onnx",
-        "models/translator/2/tokenizer.model",
+        "models/translator/3/tokenizer.model",
+        "models/translator/3/weights.bin",
         "service/http/app.py",
         "deploy/gpu_check.py",
         "pyproject.toml",

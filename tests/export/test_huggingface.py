@@ -2,7 +2,7 @@
 
 The checkpoints are tiny, randomly initialised and built here from their configs (nothing is
 downloaded); each is saved with ``save_pretrained``, imported, and then served by a real server next
-to the shipped ``vit/1`` and ``translator/2``, and its answers are compared with what transformers
+to the shipped ``vit/1`` and ``translator/3``, and its answers are compared with what transformers
 itself computes for the same input.
 """
 
@@ -21,7 +21,7 @@ from PIL import Image
 from contract.manifest import load_entry, read_manifest
 from export import huggingface
 from service.attention.rollout import class_token_rollout
-from tests.conftest import ROOT, run_module
+from tests.conftest import ROOT, SHIPPED_TRANSLATOR, run_module
 from tests.service.service_testing import png_bytes, start_subprocess_server
 
 transformers = pytest.importorskip("transformers")
@@ -182,7 +182,7 @@ def checkpoints(tmp_path_factory):
 def repository(checkpoints, tmp_path_factory):
     """The shipped entries plus every imported checkpoint."""
     repo = tmp_path_factory.mktemp("hf-repo") / "models"
-    for entry in (SHIPPED / "vit" / "1", SHIPPED / "translator" / "2"):
+    for entry in (SHIPPED / "vit" / "1", SHIPPED_TRANSLATOR):
         shutil.copytree(entry, repo / entry.parent.name / entry.name)
     for name in [*IMAGE_MODELS, MARIAN]:
         args = ["--model-dir", str(checkpoints / name), "--name", name, "--repository", str(repo)]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -12,7 +14,8 @@ import torch
 from contract.decoding import decoder_inputs, decoding_outputs, session_fn
 from contract.manifest import load_entry, read_manifest
 from contract.tokenizer import Tokenizer
-from export.common import ExportError
+from export.common import ExportError, cpu_session
+from export.shared_weights import ALIGN, MIN_BYTES, WEIGHTS
 from export.translator import check_parity, decoder_spec, export_graphs, parity_report
 from model.seq2seq import Seq2Seq, Seq2SeqConfig
 from tests.conftest import ROOT, run_module
@@ -30,9 +33,42 @@ def test_the_entry_lists_every_file_with_its_sha256(entry):
         "decoder.onnx",
         "decoder_prefix.onnx",
         "tokenizer.model",
+        "weights.bin",
     }
     assert m["tokenizer"]["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
     assert Tokenizer.load(entry.path / "tokenizer.model").vocab_size == m["tokenizer"]["vocab_size"] == 400
+
+
+def test_every_parameter_is_stored_once_in_the_shared_weights_file(entry):
+    names = ("encoder.onnx", "decoder.onnx", "decoder_prefix.onnx")
+    graphs = {g: onnx.load(str(entry.path / g), load_external_data=False) for g in names}
+    places = {}
+    for model in graphs.values():
+        for t in model.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in t.external_data}
+                assert info["location"] == WEIGHTS
+                places.setdefault((int(info["offset"]), int(info["length"])), []).append(t.name)
+            else:
+                assert len(t.raw_data) < MIN_BYTES, t.name
+    # the shared embedding is in all three graphs, the decoder's layers in two, each stored once
+    assert max(len(names) for names in places.values()) == 3
+    assert sum(length for _, length in places) <= (entry.path / WEIGHTS).stat().st_size
+    assert (entry.path / WEIGHTS).stat().st_size < sum(length for _, length in places) + ALIGN * len(places)
+
+
+def test_sharing_is_idempotent_and_keeps_the_graphs_outputs(entry, tmp_path):
+    copy = tmp_path / "entry"
+    shutil.copytree(entry.path, copy)
+    ids = np.array([[5, 6, 7, 2]], dtype=np.int64)
+    feeds = {"src_ids": ids, "src_mask": np.ones_like(ids, dtype=bool)}
+    before = cpu_session(entry.path / "encoder.onnx").run(None, feeds)
+    assert run_module("export.shared_weights", str(copy)).returncode == 0
+    assert (copy / WEIGHTS).read_bytes() == (entry.path / WEIGHTS).read_bytes()
+    load_entry(copy)  # the manifest's sha256s match the rewritten files
+    after = cpu_session(copy / "encoder.onnx").run(None, feeds)
+    for a, b in zip(before, after, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_graph_names_and_dynamic_axes_are_recorded(entry):

@@ -28,10 +28,11 @@ from service.metrics import Metrics
 from service.registry import SERVED_TASKS, Registry, Status
 from service.settings import Settings
 from service.translator import Limits
+from tests.conftest import SHIPPED_TRANSLATOR
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models"
-VIT, TRANSLATOR = SHIPPED / "vit" / "1", SHIPPED / "translator" / "2"
+VIT, TRANSLATOR = SHIPPED / "vit" / "1", SHIPPED_TRANSLATOR
 VERSIONS = {"vit": VIT.name, "translator": TRANSLATOR.name}
 CPU = "CPUExecutionProvider"
 CLASSIFY, TRANSLATE = "image-classification", "translation"
@@ -168,12 +169,12 @@ def test_the_shipped_repository_loads_every_model_ready_with_its_provider_and_ga
 
     registry, models, readiness, servable, samples, parts = run(body())
     assert models == {
-        "translator": ("translator", "2", TRANSLATE, Status.READY, None, CPU),
+        "translator": ("translator", "3", TRANSLATE, Status.READY, None, CPU),
         "vit": ("vit", "1", CLASSIFY, Status.READY, None, CPU),
     }
     assert registry.loaded and registry.repository_error is None
     assert readiness == (True, [])
-    assert servable == ["translator/2", "vit/1"]
+    assert servable == ["translator/3", "vit/1"]
     (t_seconds, t_cls, t_batcher, t_tr, t_sched), (v_seconds, v_cls, v_batcher, v_tr, v_sched) = parts
     assert t_cls is None and t_batcher is None and t_tr is not None and t_sched is not None
     assert v_cls is not None and v_batcher is not None and v_tr is None and v_sched is None
@@ -185,7 +186,7 @@ def test_the_shipped_repository_loads_every_model_ready_with_its_provider_and_ga
     ready_lines = [
         r.getMessage() for r in registry_log if r.levelno == logging.INFO and r.getMessage().startswith("ready: ")
     ]
-    assert ready_lines == [f"ready: translator/2 on {CPU}, vit/1 on {CPU}"]
+    assert ready_lines == [f"ready: translator/3 on {CPU}, vit/1 on {CPU}"]
 
 
 def test_the_served_classifier_answers_the_shipped_samples_through_its_batcher():
@@ -208,8 +209,8 @@ def test_the_served_classifier_answers_the_shipped_samples_through_its_batcher()
 
 
 def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_recorded():
-    example = manifest_of(TRANSLATOR)["evaluation"]["examples"][2]
-    assert example["source"] == "She used to eat more."
+    examples = manifest_of(TRANSLATOR)["evaluation"]["examples"]
+    example = next(e for e in examples if e["domain"] == "ding")  # an everyday sentence, as a visitor tries
 
     async def body():
         async with loaded(SHIPPED) as registry:
@@ -274,7 +275,7 @@ def test_describe_gives_what_a_client_needs_for_each_model():
         "variant_of": None,
         "languages": {"source": "en", "target": "de"},
         "decoding": {"default_beam_size": 4, "default_length_penalty": 1.0},
-        "attention": {"encoder_layers": 4, "decoder_layers": 2, "heads": 4},
+        "attention": {"encoder_layers": 5, "decoder_layers": 2, "heads": 4},
         "scheduler": {
             "running_sequences": 0,
             "running_rows": 0,
@@ -311,7 +312,7 @@ def test_get_resolves_names_task_defaults_and_refuses_what_it_cannot_serve():
         return out
 
     out = run(body())
-    assert out["default classifier"] == "vit/1" and out["default translator"] == "translator/2"
+    assert out["default classifier"] == "vit/1" and out["default translator"] == "translator/3"
     assert out["by name"] == "vit/1"
     assert out["unknown"] == (404, "model_not_found", "no model named 'nope' (loaded models: translator, vit)")
     assert out["wrong task"] == (
@@ -370,7 +371,7 @@ def test_a_corrupted_file_fails_its_model_with_the_sha256_reason_and_the_other_m
     assert reason.startswith(f"{path}: sha256 mismatch (manifest ")
     assert reason.endswith("the file is corrupted or was replaced without re-exporting")
     assert (manifest, classifier, batcher, provider) == (None, None, None, None)
-    assert translator_status is Status.READY and translator_key == "translator/2"
+    assert translator_status is Status.READY and translator_key == "translator/3"
     assert readiness == (False, [f"vit/1: failed ({reason})"])
     assert (refused.status, refused.code) == (503, "model_not_ready")
     assert refused.message == f"model vit/1 is failed: {reason}"
@@ -467,7 +468,7 @@ def test_an_unreadable_manifest_fails_before_the_task_is_known(linked_translator
     assert vit.status is Status.FAILED and vit.task is None
     assert vit.reason.startswith(f"{entry / 'manifest.json'}: not valid JSON (")
     assert readiness == (False, [f"vit/1: failed ({vit.reason})"])
-    assert servable == ["translator/2"]
+    assert servable == ["translator/3"]
     assert refused == f"model vit/1 is failed: {vit.reason}"
 
 
@@ -611,7 +612,7 @@ def test_stop_loading_before_load_leaves_every_model_unstarted_and_not_ready():
 
     models, readiness, refused, ready_gauge = run(body())
     assert models == {"translator": (Status.WARMING, None, None), "vit": (Status.WARMING, None, None)}
-    assert readiness == (False, ["translator/2: warming", "vit/1: warming"])
+    assert readiness == (False, ["translator/3: warming", "vit/1: warming"])
     assert refused == "model vit/1 is warming"
     assert ready_gauge is None  # never set: no model became ready
 
@@ -661,4 +662,4 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
     assert threads_before == ["ort-vit/1_0"] and threads_after == []  # model_instances=1: one thread, joined
     assert (batcher_refused.status, batcher_refused.code) == (503, "shutting_down")
     assert batcher_refused.message == "model vit/1 is shutting down"
-    assert scheduler_refused.message == "model translator/2 is shutting down"
+    assert scheduler_refused.message == "model translator/3 is shutting down"
