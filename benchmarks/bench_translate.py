@@ -84,6 +84,13 @@ class Bare:
         run_to_end(self.encoder, self.fixed_length_decoder, reqs, self.spec)
         return time.perf_counter() - start
 
+    def natural(self, sources: list[list[int]], beam: int = 1) -> tuple[float, int]:
+        """(seconds, generated tokens with their eos) to decode ``sources`` to their natural ends, encoder included."""
+        reqs = [DecodeRequest(s, self.spec.max_length(len(s)), beam=beam) for s in sources]
+        start = time.perf_counter()
+        done = run_to_end(self.encoder, self.decoder, reqs, self.spec)
+        return time.perf_counter() - start, sum(len(r.results()[0].tokens) + 1 for r in done)
+
     def uncached(self, sources: list[list[int]], tokens: int) -> float:
         """Seconds for greedy decoding that re-runs the whole prefix at every step (no cache)."""
         start = time.perf_counter()
@@ -265,13 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     src = bare.sources(16)
     torch_run = torch_greedy(args.checkpoint, src, max(1, (os.cpu_count() or 2) - 1))
     if torch_run is not None:
-        reqs = lambda: [DecodeRequest(s, bare.spec.max_length(len(s))) for s in src]
-        ort_t = median_of(
-            args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec))
-        )
-        ort_tokens = sum(
-            len(r.results()[0].tokens) + 1 for r in run_to_end(bare.encoder, bare.decoder, reqs(), bare.spec)
-        )
+        ort_runs = [bare.natural(src) for _ in range(args.rounds)]
+        ort_t, ort_tokens = statistics.median(t for t, _ in ort_runs), ort_runs[0][1]
         torch_t, torch_tokens = torch_run
         rows.append(
             (
@@ -295,13 +297,6 @@ def compare_entries(new_dir: Path, old_dir: Path, settings: Settings, rounds: in
     Each round loads both entries afresh, the one loaded first alternating, and runs every
     configuration on both, the one run first alternating: with sessions kept for all rounds, an entry
     compared with itself measured 0.91-0.99x (the sessions created first ran slower throughout)."""
-
-    def natural(bare: Bare, sources: list[list[int]], beam: int) -> tuple[float, int]:
-        reqs = [DecodeRequest(s, bare.spec.max_length(len(s)), beam=beam) for s in sources]
-        start = time.perf_counter()
-        done = run_to_end(bare.encoder, bare.decoder, reqs, bare.spec)
-        return time.perf_counter() - start, sum(len(r.results()[0].tokens) + 1 for r in done)
-
     configs = [(b, k, n) for b in (1, 16) for k in (1, 4) for n in (20, 64, None)]
     runs: dict[tuple, dict[str, list[tuple[float, int]]]] = {c: {"new": [], "old": []} for c in configs}
     for i in range(rounds):
@@ -311,7 +306,7 @@ def compare_entries(new_dir: Path, old_dir: Path, settings: Settings, rounds: in
             for key, bare in loaded[:: -1 if (i + batch + beam) % 2 else 1]:
                 if n is None:  # the service sentences as they come (2 for batch 1, all 32 for 16)
                     sources = [bare.tok.encode(t, add_eos=True) for t in SENTENCES[: 2 * batch]]
-                    runs[(batch, beam, n)][key].append(natural(bare, sources, beam))
+                    runs[(batch, beam, n)][key].append(bare.natural(sources, beam))
                 else:
                     runs[(batch, beam, n)][key].append((bare.cached(bare.sources(batch), n, beam), batch * n))
         del loaded
@@ -330,21 +325,9 @@ def compare_entries(new_dir: Path, old_dir: Path, settings: Settings, rounds: in
 def batching_ceiling(args: argparse.Namespace, bare: Bare) -> tuple[str, str]:
     """What batching can give at all on this machine: the bare loop on 32 sentences at once vs one by one."""
     sources = [bare.tok.encode(t, add_eos=True) for t in SENTENCES[:32]]
-    reqs = lambda batch: [DecodeRequest(s, bare.spec.max_length(len(s))) for s in batch]
-    together = median_of(
-        args.rounds, lambda: _timed(lambda: run_to_end(bare.encoder, bare.decoder, reqs(sources), bare.spec))
-    )
-    alone = median_of(
-        args.rounds,
-        lambda: _timed(lambda: [run_to_end(bare.encoder, bare.decoder, reqs([s]), bare.spec) for s in sources]),
-    )
+    together = median_of(args.rounds, lambda: bare.natural(sources)[0])
+    alone = median_of(args.rounds, lambda: sum(bare.natural([s])[0] for s in sources))
     return ("bare loop, the 32 service sentences: batch 32 vs one at a time", f"{alone / together:.2f}x")
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def service_rows(args: argparse.Namespace, bare: Bare) -> list[tuple[str, str]]:
@@ -374,20 +357,9 @@ def service_rows(args: argparse.Namespace, bare: Bare) -> list[tuple[str, str]]:
                 proc.terminate()
                 proc.wait(timeout=30)
     sources = [bare.tok.encode(t, add_eos=True) for t in texts]
-    bare_seq = median_of(
-        args.rounds,
-        lambda: _timed(
-            lambda: [
-                run_to_end(bare.encoder, bare.decoder, [DecodeRequest(s, bare.spec.max_length(len(s)))], bare.spec)
-                for s in sources
-            ]
-        ),
-    )
-    bare_tokens = sum(
-        len(r.results()[0].tokens) + 1
-        for s in sources
-        for r in run_to_end(bare.encoder, bare.decoder, [DecodeRequest(s, bare.spec.max_length(len(s)))], bare.spec)
-    )
+    one_by_one = [[bare.natural([s]) for s in sources] for _ in range(args.rounds)]
+    bare_seq = statistics.median(sum(t for t, _ in run) for run in one_by_one)
+    bare_tokens = sum(n for _, n in one_by_one[0])
     s, c, st = statistics.median(seq), statistics.median(cont), statistics.median(stat)
     rows.append(
         ("service, 32 sentences: 32 concurrent clients vs one at a time", f"{c:,.0f} vs {s:,.0f} tok/s = {c / s:.2f}x")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -40,12 +41,14 @@ def test_the_int8_translator_records_its_quality_per_domain_and_its_agreement(in
         assert e["fp32"]["beam4"]["bleu"] - e["beam4"]["bleu"] <= quantize.MAX_BLEU_LOSS
     agreement = e["vs_fp32"]
     assert agreement["sentences"] == n and agreement["identical_greedy"] == agreement["identical_greedy_sentences"] / n
-    entry = load_entry(
-        int8_repository / "translator-int8" / TRANSLATOR.name
-    )  # sha256s verify; the tokenizer came along
+    # sha256s verify; the tokenizer came along
+    entry = load_entry(int8_repository / "translator-int8" / TRANSLATOR.name)
     assert entry.manifest.variant.precision == "int8" and (entry.path / "tokenizer.model").is_file()
-    size = lambda folder: sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".bin"))
-    assert size(entry.path) < 0.7 * size(TRANSLATOR)  # graphs and shared weights, int8 against fp32
+
+    def size(folder: Path) -> int:  # graphs and shared weights
+        return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".bin"))
+
+    assert size(entry.path) < 0.7 * size(TRANSLATOR)  # int8 against fp32
     assert set(entry.manifest.files) >= {"weights.bin", "tokenizer.model"}
 
 
@@ -90,10 +93,8 @@ def test_the_service_serves_the_variants_beside_fp32_and_says_which_is_which(int
             answer = c.post("/translate", json=body).json()
             assert answer["model"] == "translator-int8" and answer["results"][0]["translation"]
             stored = c.get(f"/attention/{answer['results'][0]['attention_id']}").json()
-            assert (stored["model"], stored["version"]) == (
-                "translator-int8",
-                TRANSLATOR.name,
-            )  # the variant's own maps
+            # the variant's own maps
+            assert (stored["model"], stored["version"]) == ("translator-int8", TRANSLATOR.name)
             png = (VIT / "sample-9-ankle-boot.png").read_bytes()
             r = c.post("/classify", files={"file": ("a.png", png, "image/png")}, data={"model": "vit-int8"})
             assert r.status_code == 200 and r.json()["results"][0]["top_k"][0]["label"] == "Ankle boot"
