@@ -121,14 +121,19 @@ class TranslateRequest(BaseModel):
         max_length=200,
         description="Model name, or `name:version` to pin a version (default: the first translation model).",
     )
-    beam_size: int = Field(
-        1,
+    beam_size: int | None = Field(
+        None,
         ge=1,
-        description="1: greedy decoding; up to the service's `max_beam_size`.",
+        description="1: greedy decoding; up to the service's `max_beam_size`. Default: the model's "
+        "`default_beam_size` (`GET /models`), or 1 with `stream: true` (tokens stream from greedy decoding).",
         json_schema_extra=bounded_by(maximum="max_beam_size"),
     )
-    length_penalty: float = Field(
-        1.0, ge=0.0, le=5.0, description="Beam hypotheses are ranked by score / length**length_penalty."
+    length_penalty: float | None = Field(
+        None,
+        ge=0.0,
+        le=5.0,
+        description="Beam hypotheses are ranked by score / length**length_penalty. "
+        "Default: the model's `default_length_penalty` (`GET /models`).",
     )
     num_return_sequences: int = Field(
         1,

@@ -60,10 +60,12 @@ def decode_requests(
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
     if body.return_attention and not translator.has_attention:
         raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
+    # A stream's tokens come from greedy decoding; a manifest's default above the service's cap is capped.
+    default_beam = 1 if body.stream else min(translator.default_beam, settings.max_beam_size)
     requests = translator.requests(
         body.all_texts,
-        beam_size=body.beam_size,
-        length_penalty=body.length_penalty,
+        beam_size=default_beam if body.beam_size is None else body.beam_size,
+        length_penalty=translator.default_length_penalty if body.length_penalty is None else body.length_penalty,
         num_return_sequences=body.num_return_sequences,
         max_new_tokens=body.max_new_tokens,
         limits=Limits(

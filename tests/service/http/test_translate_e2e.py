@@ -65,15 +65,25 @@ def post(srv, **body) -> httpx.Response:
 
 
 def test_translations_equal_offline_onnxruntime_greedy_decoding(server, offline):
-    r = post(server, texts=TEXTS)
+    r = post(server, texts=TEXTS, beam_size=1)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "translator" and body["version"] == "1"
     assert [res["translation"] for res in body["results"]] == [offline(t) for t in TEXTS]
     first = body["results"][0]
     assert first["source_tokens"][-1] == "</s>" and isinstance(first["target_tokens"], list)
-    assert post(server, text=TEXTS[1]).json()["results"][0] == body["results"][1]
     assert post(server, text=TEXTS[1], beam_size=1).json()["results"][0] == body["results"][1]
+
+
+def test_a_request_without_options_decodes_with_the_manifests_defaults(server):
+    (model,) = [m for m in httpx.get(server.url + "/models").json()["models"] if m["name"] == "translator"]
+    beam, penalty = model["decoding"]["default_beam_size"], model["decoding"]["default_length_penalty"]
+    assert beam > 1  # a 2-best list needs a beam: greedy decoding would refuse it
+    default = post(server, texts=TEXTS, num_return_sequences=2)
+    assert default.status_code == 200, default.text
+    explicit = post(server, texts=TEXTS, num_return_sequences=2, beam_size=beam, length_penalty=penalty)
+    assert default.json() == explicit.json()
+    assert post(server, texts=TEXTS, num_return_sequences=2, beam_size=1).status_code == 422
 
 
 def test_nbest_is_sorted_and_its_first_is_the_single_best(server):
@@ -98,7 +108,7 @@ def test_results_do_not_depend_on_what_else_is_in_the_batch(server):
 
 
 def test_the_stream_ends_with_the_plain_answer(server):
-    plain = post(server, text=TEXTS[4]).json()
+    plain = post(server, text=TEXTS[4], beam_size=1).json()  # a stream without beam_size decodes greedily
     events = []
     with httpx.stream("POST", server.url + "/translate", json={"text": TEXTS[4], "stream": True}, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
