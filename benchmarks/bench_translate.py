@@ -168,7 +168,7 @@ async def one_at_a_time(url: str, texts: list[str]) -> tuple[float, list[dict]]:
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
         start, out = time.perf_counter(), []
         for t in texts:
-            out.append((await client.post("/translate", json={"text": t})).json())
+            out.append((await client.post("/translate", json={"text": t, "beam_size": 1})).json())
         return time.perf_counter() - start, out
 
 
@@ -176,7 +176,7 @@ async def concurrently(url: str, texts: list[str]) -> tuple[float, list[dict]]:
     limits = httpx.Limits(max_connections=len(texts))
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         start = time.perf_counter()
-        out = await asyncio.gather(*(client.post("/translate", json={"text": t}) for t in texts))
+        out = await asyncio.gather(*(client.post("/translate", json={"text": t, "beam_size": 1}) for t in texts))
         return time.perf_counter() - start, [r.json() for r in out]
 
 
@@ -187,7 +187,7 @@ async def staggered(url: str, texts: list[str], gap_s: float) -> list[float]:
         async def one(i: int, text: str) -> float:
             await asyncio.sleep(i * gap_s)
             start = time.perf_counter()
-            r = await client.post("/translate", json={"text": text})
+            r = await client.post("/translate", json={"text": text, "beam_size": 1})
             r.raise_for_status()
             return time.perf_counter() - start
 
