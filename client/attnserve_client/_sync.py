@@ -81,8 +81,9 @@ class Client(BaseClient):
         return_attention: bool = False,
     ) -> TranslateResponse:
         """English to German, one result per text. Options left as None keep the service's defaults
-        (greedy decoding, a length limit from the source length). ``num_return_sequences`` > 1 adds an n-best
-        list (needs ``beam_size`` at least as large); ``return_attention`` adds the source-target alignment.
+        (the model's default beam size and length penalty, a length limit from the source length).
+        ``num_return_sequences`` > 1 adds an n-best list (at most the beam size); ``return_attention`` adds
+        the source-target alignment.
         """
         return self._call(
             _calls.translate(

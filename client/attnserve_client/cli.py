@@ -87,9 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     translate.add_argument(
         "texts", nargs="+", metavar="TEXT", help="texts to translate; '-' reads one per line from stdin"
     )
-    translate.add_argument("--beam-size", type=int)
+    translate.add_argument("--beam-size", type=int, help="1: greedy (default: the model's; greedy with --stream)")
     translate.add_argument("--max-new-tokens", type=int)
-    translate.add_argument("--num-return-sequences", type=int, help="n-best list size (needs --beam-size)")
+    translate.add_argument("--num-return-sequences", type=int, help="n-best list size (at most the beam size)")
     translate.add_argument("--model")
     translate.add_argument("--stream", action="store_true", help="print tokens as they are generated (one text)")
 
