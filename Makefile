@@ -7,8 +7,7 @@ MODELS  ?= models
 MODEL_DIR ?=# import-hf: the folder save_pretrained wrote
 NAME    ?=# import-hf: the model's name in the repository
 FMNIST  ?= /usr/share/datasets/fashion-mnist
-AVERAGE ?= 8# export: average the ViT's weights of the last N epochs (0: the best epoch)
-TRANSLATOR_AVERAGE ?= 4# export-translator: the same for the translator (translator/3: the last 4)
+TRANSLATOR_AVERAGE ?= 4# export-translator: average the weights of the last N epochs (0: the best epoch; translator/3: 4)
 TRANSLATOR_RECIPE ?= --oversample ding=3 --oversample tuxpaint=3# train-translator: how translator/3 was trained
 RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -60,7 +59,7 @@ train: install-dev  ## train the ViT (PROFILE=default|tiny)
 	$(BIN)/python -m model.train_vit --profile $(PROFILE)
 
 export: install-dev  ## export the trained ViT into $(MODELS)/vit/1 (parity-checked)
-	$(BIN)/python -m export.vit --checkpoint checkpoints/vit-$(PROFILE)/best.pt --repository $(MODELS) --version 2 --force --average $(AVERAGE)
+	$(BIN)/python -m export.vit --checkpoint checkpoints/vit-$(PROFILE)/best.pt --repository $(MODELS) --version 1 --force
 
 corpus: install-dev  ## English-German corpus from Debian packages + its SentencePiece tokenizer (data/translation)
 	$(BIN)/python -m model.translation.corpus --out data/translation
