@@ -325,3 +325,24 @@ def test_a_wrong_command_is_noticed(line):
     """The static checks can fail: each of these names something that does not exist."""
     with pytest.raises(AssertionError):
         check_command(shlex.split(line, comments=True))
+
+
+def makefile_python_commands(text: str) -> list[list[str]]:
+    """The Makefile's recipe lines running one of our modules (``$(BIN)/python -m model|export|benchmarks...``),
+    the variables replaced by their defaults (empty when they have none)."""
+    defaults = {k: v.split("#", 1)[0].strip() for k, v in re.findall(r"^([A-Z_]+)\s*\?=(.*)$", text, re.MULTILINE)}
+    lines = re.findall(r"^\t.*\$\(BIN\)/python (-m (?:model|export|benchmarks)\..*)$", text, re.MULTILINE)
+    return [shlex.split(re.sub(r"\$\(([A-Z_]+)\)", lambda m: defaults.get(m[1], ""), line)) for line in lines]
+
+
+def test_the_makefiles_commands_take_their_options():
+    """A recipe passing an option its module lacks fails only when run (``make export`` once asked
+    export.vit for ``--average``): every option of every recipe is in its module's --help."""
+    commands = makefile_python_commands((ROOT / "Makefile").read_text())
+    assert len(commands) >= 10
+    for args in commands:
+        check_python(args, ROOT)
+    wrong = makefile_python_commands("OPT ?= --average 8# a comment\n\n\t$(BIN)/python -m export.vit $(OPT)\n")
+    assert wrong == [["-m", "export.vit", "--average", "8"]]
+    with pytest.raises(AssertionError):
+        check_python(wrong[0], ROOT)
