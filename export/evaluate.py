@@ -4,7 +4,10 @@ The evaluation the exporter writes into a new entry's manifest (``export/scoring
 BLEU and chrF per source domain and overall, greedy and beam 4, the fixed examples), run on an
 entry that already exists: to compare versions on one split, for instance an older version on the
 test split of a corpus that has since grown. Prints one line per domain; ``--out FILE`` writes the
-whole result as JSON. The graphs run on onnxruntime's CPU provider, as the exporter runs them.
+whole result as JSON; ``--record KEY`` also writes it into the entry's manifest as
+``evaluation.KEY``, with the data's provenance from its ``stats.json`` (how the held-out system
+catalogs of ``python -m model.translation.heldout`` are recorded: ``--record heldout``). The graphs
+run on onnxruntime's CPU provider, as the exporter runs them.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ import sys
 from pathlib import Path
 
 from contract.decoding import DecoderSpec, session_fn
-from contract.manifest import ManifestError, load_entry
+from contract.manifest import ManifestError, load_entry, read_manifest, write_manifest
 from contract.tokenizer import load_tokenizer
 from export.common import cpu_session
 from export.scoring import ScoringError, evaluate, read_domains
-from export.translator import BEAM, translate_all
+from export.translator import BEAM, corpus_provenance, translate_all
 from model.cli import CliError, run_cli
 from model.translation.textio import TextFileError, read_tsv
 
@@ -30,6 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=Path("data/translation"), help="corpus folder holding test.tsv")
     p.add_argument("--max-test", type=int, help="score only the first N test pairs (smoke tests)")
     p.add_argument("--out", type=Path, help="write the whole evaluation here as JSON")
+    p.add_argument("--record", metavar="KEY", help="also write it into the entry's manifest as evaluation.KEY")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -44,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(str(e)) from None
     if m.task != "translation":
         raise CliError(f"{args.entry} is a {m.task} entry, not a translator")
+    if args.record and args.max_test:
+        raise CliError("--record writes the evaluation of a whole test split only: drop --max-test")
+    if args.record and not recordable(args.record, m.evaluation):
+        raise CliError(f"--record {args.record}: a key of the exporter's own evaluation; choose another")
     pairs, domains = (pairs[: args.max_test], domains[: args.max_test]) if args.max_test else (pairs, domains)
     if not pairs:
         raise CliError(f"{args.data / 'test.tsv'} holds no sentence pairs")
@@ -69,7 +77,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)
+    if args.record:
+        manifest = read_manifest(args.entry)
+        manifest["evaluation"][args.record] = {"data": corpus_provenance(args.data), **result}
+        print(f"recorded in {write_manifest(args.entry, manifest)} as evaluation.{args.record}", file=sys.stderr)
     return 0
+
+
+OWN = {
+    "split",
+    "sentences",
+    "copy_source",
+    "greedy",
+    "beam4",
+    "domains",
+    "examples",
+    "sacrebleu",
+    "signatures",
+    "parity",
+}
+
+
+def recordable(key: str, evaluation: dict) -> bool:
+    """May ``--record`` write ``evaluation[key]``: not a key of the exporter's own evaluation, unless
+    an earlier ``--record`` wrote it (it carries its data's provenance)."""
+    earlier = evaluation.get(key)
+    return key not in OWN if earlier is None else isinstance(earlier, dict) and "data" in earlier
 
 
 if __name__ == "__main__":

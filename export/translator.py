@@ -346,6 +346,7 @@ def corpus_provenance(data: Path) -> dict:
         "sources": {
             name: {k: v for k, v in src.items() if k in keep} for name, src in stats.get("sources", {}).items()
         },
+        **({"excluded": stats["excluded"]} if "excluded" in stats else {}),  # a held-out set's training corpus
     }
 
 

@@ -197,3 +197,25 @@ def test_evaluate_errors_are_one_line(tiny_translation_data, tmp_path):
     ):
         proc = run_module("export.evaluate", *args)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_evaluation_is_recorded_in_the_manifest_under_its_own_key(entry, tiny_translation_data, tmp_path):
+    copy, data = tmp_path / "translator" / "1", tmp_path / "data"
+    shutil.copytree(entry.path, copy)
+    shutil.copytree(tiny_translation_data, data)
+    stats = {"total": 4, "sources": {"tar": {"packages": {"tar": "1.34"}, "stages": {"kept": 4}}}, "excluded": {}}
+    (data / "stats.json").write_text(json.dumps(stats), encoding="utf-8")
+    for _ in range(2):  # a key --record wrote may be recorded again
+        proc = run_module("export.evaluate", "--entry", str(copy), "--data", str(data), "--record", "x")
+        assert proc.returncode == 0, proc.stderr
+    evaluation = load_entry(copy).manifest.evaluation  # still a valid entry, every file's sha256 intact
+    own = read_manifest(entry.path)["evaluation"]
+    assert {k: v for k, v in evaluation.items() if k != "x"} == own  # the exporter's figures untouched
+    recorded = evaluation["x"]
+    assert recorded["data"]["sources"] == stats["sources"] and recorded["data"]["folder"] == str(data)
+    assert recorded["data"]["excluded"] == {}
+    assert {m: recorded["beam4"][m] for m in ("bleu", "chrf")} == {m: own["beam4"][m] for m in ("bleu", "chrf")}
+    for args, message in ((["--record", "beam4"], "exporter's own"), (["--record", "y", "--max-test", "2"], "whole")):
+        proc = run_module("export.evaluate", "--entry", str(copy), "--data", str(data), *args)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert read_manifest(copy)["evaluation"].keys() == {*own, "x"}
