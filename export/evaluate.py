@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The keys of the evaluation the exporter writes (export/translator.py, export/scoring.py).
 OWN = {
     "split",
     "sentences",
