@@ -88,8 +88,10 @@ function describeTranslator(evaluation) {
   const beam = Object.keys(evaluation).find((k) => /^beam\d+$/.test(k)) || "greedy";
   const scores = Object.entries(DOMAINS).filter(([d]) => domains[d])
     .map(([d, name]) => `${name} ${domains[d][beam].bleu.toFixed(1)}`);
+  const unseen = evaluation.heldout?.[beam]  // the held-out system catalogs, when the manifest records them
+    ? ` Messages of software it never saw: BLEU ${evaluation.heldout[beam].bleu.toFixed(1)}.` : "";
   $("translator-note").textContent = `Trained on software help and UI text, game dialogue and dictionary ` +
-    `sentences. Test BLEU (${beam.replace("beam", "beam ")}): ${scores.join(", ")}. ` +
+    `sentences. Test BLEU (${beam.replace("beam", "beam ")}): ${scores.join(", ")}.${unseen} ` +
     `Sample sentences marked ✓ it translates well, ✗ badly.`;
   $("translator-note").hidden = false;
 }

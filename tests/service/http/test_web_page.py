@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from service.attention import render
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_module
 from tests.service.service_testing import serving
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -22,8 +22,22 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def server(both_repository, tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("web"), both_repository) as srv:
+def repository(both_repository, tiny_translation_data, tmp_path_factory):
+    """The tiny models, the translator's manifest also recording an evaluation on other data, as
+    ``export.evaluate --record heldout`` writes the held-out system catalogs' one."""
+    repo = tmp_path_factory.mktemp("web-models") / "models"
+    shutil.copytree(both_repository, repo)
+    entry = repo / "translator" / "1"
+    proc = run_module(
+        "export.evaluate", "--entry", str(entry), "--data", str(tiny_translation_data), "--record", "heldout"
+    )
+    assert proc.returncode == 0, proc.stderr
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repository, tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("web"), repository) as srv:
         yield srv
 
 
@@ -113,6 +127,8 @@ def test_the_translator_says_what_it_is_for_and_marks_its_samples(page, server):
     assert note.startswith("Trained on") and "Test BLEU (beam 4)" in note
     assert f"help pages {domains['help']['beam4']['bleu']:.1f}" in note
     assert f"everyday sentences {domains['everyday']['beam4']['bleu']:.1f}" in note
+    heldout = next(m for m in models if m["task"] == "translation")["evaluation"]["heldout"]["beam4"]["bleu"]
+    assert f"Messages of software it never saw: BLEU {heldout:.1f}." in note  # the recorded held-out score
     texts = httpx.get(server.url + "/samples").json()["texts"]
     chips = page.locator("#sentences button")
     assert chips.count() == len(texts) > 0 and all(t["quality"] in ("good", "fair", "poor") for t in texts)
