@@ -8,7 +8,7 @@ it does on software text it has not seen, beside the in-domain test split.
 Their messages are read as the game catalogs are (strings with run-time placeholders such as
 ``%s`` left out whole), cleaned and split into sentences as the corpus is, deduplicated, and every
 pair that is a near-duplicate of a training sentence of ``--corpus`` (the split's link keys:
-equal words, equal masks, masks one word apart) is dropped. At most ``--per-package`` pairs are
+equal words, equal masks, masks one word apart) is dropped. At most ``--per-tool`` pairs are
 kept per tool, those with the smallest sha256 of their English side, so the same packages always
 give the same set. Output: ``test.tsv``, ``test.domains`` (the tool of each pair) and ``stats.json``
 (packages and versions, counts at each step) in ``--out``, which ``python -m export.evaluate
@@ -59,7 +59,7 @@ RESERVED: dict[str, tuple[str, ...]] = {
     "packagekit": ("packagekit",),
     "appstream": ("appstream",),
 }
-PER_PACKAGE = 200
+PER_TOOL = 200
 
 
 def training_keys(train: Iterable[Pair]) -> set[int]:
@@ -77,7 +77,7 @@ def sample(pairs: list[Pair], count: int) -> list[Pair]:
 
 
 def heldout_set(
-    catalogs: Mapping[str, Iterable[Pair]], keys: set[int], per_package: int, config: FilterConfig
+    catalogs: Mapping[str, Iterable[Pair]], keys: set[int], per_tool: int, config: FilterConfig
 ) -> tuple[list[Pair], list[str], dict[str, dict]]:
     """(pairs, the tool of each pair, the counts at each step per tool) from each tool's raw catalog pairs."""
     pairs: list[Pair] = []
@@ -92,7 +92,7 @@ def heldout_set(
                 seen.add(key)
                 unique.append(pair)
         unseen = [p for p in unique if not near_training(p[0], keys)]
-        chosen = sample(unseen, per_package)
+        chosen = sample(unseen, per_tool)
         stages |= {"unique": len(unique), "unlike_training": len(unseen), "kept": len(chosen)}
         counts[name] = stages
         pairs += chosen
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--corpus", type=Path, default=Path("data/translation"), help="corpus whose train.tsv is excluded")
     p.add_argument("--out", type=Path, default=Path("data/translation-heldout"), help="output folder")
     p.add_argument("--cache", type=Path, default=Path("data/cache"), help="downloaded and unpacked packages")
-    p.add_argument("--per-package", type=int, default=PER_PACKAGE, help="pairs kept per tool (default: %(default)s)")
+    p.add_argument("--per-tool", type=int, default=PER_TOOL, help="pairs kept per tool (default: %(default)s)")
     p.add_argument("--offline", action="store_true", help="use only packages already in the cache; never call apt-get")
     p.add_argument("--refresh", action="store_true", help="download and unpack again even when cached")
     p.add_argument("--no-progress", action="store_true")
@@ -116,8 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    if args.per_package < 1:
-        raise CliError("--per-package must be at least 1")
+    if args.per_tool < 1:
+        raise CliError("--per-tool must be at least 1")
     try:
         train, _ = read_tsv(args.corpus / "train.tsv")
         keys = training_keys(train)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             name: sources.read_game_catalogs([u.root for u in found], LOCALE_DIR, not args.no_progress)
             for name, found in unpacked.items()
         }
-        pairs, domains, counts = heldout_set(catalogs, keys, args.per_package, FilterConfig())
+        pairs, domains, counts = heldout_set(catalogs, keys, args.per_tool, FilterConfig())
     except (debian.PackageError, TextFileError, ValueError) as e:
         raise CliError(str(e)) from e
     except OSError as e:

@@ -86,7 +86,7 @@ def test_the_same_packages_give_the_same_bytes_and_the_cap_keeps_the_smallest_ha
     build(cache, corpus, tmp_path / "b")
     for name in ("test.tsv", "test.domains"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    build(cache, corpus, tmp_path / "one", "--per-package", "1")
+    build(cache, corpus, tmp_path / "one", "--per-tool", "1")
     pairs, _ = read_tsv(tmp_path / "one" / "test.tsv")
     tar = ["--stat requires file names", "--pax-option can be used only on POSIX archives"]
     smallest = min(tar, key=lambda s: hashlib.sha256(s.encode()).digest())
@@ -100,5 +100,5 @@ def test_errors_are_one_line(layout, tmp_path):
     (cache / "tar" / ".attnserve-unpacked").unlink()  # not in the cache, and --offline
     with pytest.raises(CliError, match="tar"):
         build(cache, corpus, tmp_path / "out")
-    with pytest.raises(CliError, match="per-package"):
-        build(cache, corpus, tmp_path / "out", "--per-package", "0")
+    with pytest.raises(CliError, match="per-tool"):
+        build(cache, corpus, tmp_path / "out", "--per-tool", "0")
