@@ -236,7 +236,8 @@ class Registry:
             else None
         )
         model.provider = decoder.provider
-        model.translator = Translator(entry, encoder, decoder, prefix)
+        s = self.settings
+        model.translator = Translator(entry, encoder, decoder, prefix, s.default_beam_size, s.max_beam_size)
         model.status = Status.WARMING
         log.info(
             "loaded %s on %s; warming up up to %d rows",

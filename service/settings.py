@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     max_source_tokens: int = Field(256, ge=1, description="Translation: longest text in tokens (413 beyond).")
     max_new_tokens: int = Field(256, ge=1, description="Translation: cap on generated tokens per text.")
     max_beam_size: int = Field(8, ge=1, le=64, description="Translation: largest `beam_size` a request may ask for.")
+    default_beam_size: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Translation: `beam_size` of a request that gives none (0: the model's manifest, "
+        "capped at `max_beam_size`; 1: greedy).",
+    )
 
     # --- deadlines ----------------------------------------------------------------------------
     request_timeout_s: float = Field(
@@ -223,6 +230,8 @@ class Settings(BaseSettings):
             problems.append("max_queue_images must be at least max_batch_size, or no full batch could ever form")
         if self.max_beam_size > self.max_running_sequences:
             problems.append("max_beam_size must not exceed max_running_sequences: a beam runs in one batch")
+        if self.default_beam_size > self.max_beam_size:
+            problems.append("default_beam_size must not exceed max_beam_size, the largest a request may ask for")
         if self.max_waiting_sequences < self.max_beam_size * self.max_texts_per_request:
             problems.append("max_waiting_sequences must hold one full request (max_texts_per_request x max_beam_size)")
         if self.request_timeout_s > self.max_request_timeout_s:

@@ -44,7 +44,13 @@ class Limits:
 
 class Translator:
     def __init__(
-        self, entry: Entry, encoder: SessionHandle, decoder: SessionHandle, prefix: SessionHandle | None = None
+        self,
+        entry: Entry,
+        encoder: SessionHandle,
+        decoder: SessionHandle,
+        prefix: SessionHandle | None = None,
+        default_beam: int = 0,
+        max_beam: int | None = None,
     ) -> None:
         m = entry.manifest
         self.name, self.version = entry.name, entry.version
@@ -55,7 +61,8 @@ class Translator:
         except TokenizerError as e:
             raise ManifestError(f"{entry.path}: {e}") from e
         self.spec = DecoderSpec.from_manifest(m)
-        self.default_beam = m.decoding.beam
+        # The beam of a request that names none: the operator's setting, else the manifest's (capped).
+        self.default_beam = default_beam or min(m.decoding.beam, max_beam or m.decoding.beam)
         self.default_length_penalty = m.decoding.length_penalty
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
         outputs = decoding_outputs(self.spec.layers)

@@ -274,7 +274,7 @@ def test_describe_gives_what_a_client_needs_for_each_model():
         "precision": "fp32",
         "variant_of": None,
         "languages": {"source": "en", "target": "de"},
-        "decoding": {"default_beam_size": 4, "default_length_penalty": 1.0},
+        "decoding": {"default_beam_size": 1, "default_length_penalty": 1.0},  # the manifest's 4, capped by SMALL
         "attention": {"encoder_layers": 5, "decoder_layers": 2, "heads": 4},
         "scheduler": {
             "running_sequences": 0,

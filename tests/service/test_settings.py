@@ -41,6 +41,7 @@ def test_reads_the_environment(monkeypatch):
         ({"max_batch_size": 64, "max_queue_images": 32}, "max_queue_images"),
         ({"require_gpu": True, "execution_provider": "cpu"}, "contradicts"),
         ({"max_beam_size": 16, "max_running_sequences": 8}, "a beam runs in one batch"),
+        ({"default_beam_size": 5, "max_beam_size": 4}, "default_beam_size must not exceed max_beam_size"),
         ({"max_waiting_sequences": 100}, "one full request"),
         ({"request_timeout_s": 120, "max_request_timeout_s": 60}, "request_timeout_s must not exceed"),
         ({"request_timeout_s": 0}, "request_timeout_s"),

@@ -60,8 +60,7 @@ def decode_requests(
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
     if body.return_attention and not translator.has_attention:
         raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
-    # A stream's tokens come from greedy decoding; a manifest's default above the service's cap is capped.
-    default_beam = 1 if body.stream else min(translator.default_beam, settings.max_beam_size)
+    default_beam = 1 if body.stream else translator.default_beam  # a stream's tokens come from greedy decoding
     requests = translator.requests(
         body.all_texts,
         beam_size=default_beam if body.beam_size is None else body.beam_size,

@@ -86,6 +86,15 @@ def test_a_request_without_options_decodes_with_the_manifests_defaults(server):
     assert post(server, texts=TEXTS, num_return_sequences=2, beam_size=1).status_code == 422
 
 
+def test_the_operator_sets_the_default_beam(repository, tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("greedy-default"), repository, default_beam_size=1) as srv:
+        (model,) = [m for m in httpx.get(srv.url + "/models").json()["models"] if m["name"] == "translator"]
+        assert model["decoding"]["default_beam_size"] == 1
+        assert post(srv, texts=TEXTS).json() == post(srv, texts=TEXTS, beam_size=1).json()
+        assert post(srv, texts=TEXTS, num_return_sequences=2).status_code == 422  # greedy: no 2-best list
+        assert post(srv, texts=TEXTS, num_return_sequences=2, beam_size=2).status_code == 200
+
+
 def test_nbest_is_sorted_and_its_first_is_the_single_best(server):
     single = post(server, text=TEXTS[2], beam_size=4).json()["results"][0]
     many = post(server, text=TEXTS[2], beam_size=4, num_return_sequences=3).json()["results"][0]
