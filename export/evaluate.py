@@ -84,26 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# The keys of the evaluation the exporter writes (export/translator.py, export/scoring.py).
-OWN = {
-    "split",
-    "sentences",
-    "copy_source",
-    "greedy",
-    "beam4",
-    "domains",
-    "examples",
-    "sacrebleu",
-    "signatures",
-    "parity",
-}
-
-
 def recordable(key: str, evaluation: dict) -> bool:
-    """May ``--record`` write ``evaluation[key]``: not a key of the exporter's own evaluation, unless
-    an earlier ``--record`` wrote it (it carries its data's provenance)."""
+    """May ``--record`` write ``evaluation[key]``: a new key, or one an earlier ``--record`` wrote (it
+    carries its data's provenance), never one of the exporter's own figures."""
     earlier = evaluation.get(key)
-    return key not in OWN if earlier is None else isinstance(earlier, dict) and "data" in earlier
+    return earlier is None or isinstance(earlier, dict) and "data" in earlier
 
 
 if __name__ == "__main__":
