@@ -103,6 +103,27 @@ SOURCES: dict[str, SourceSpec] = {
         ("tuxpaint-stamps-default",),
         lambda roots, p: sources.read_stamps(roots["tuxpaint-stamps-default"], p),
     ),
+    "naev": SourceSpec(
+        ("naev-data",),
+        lambda roots, p: sources.read_game_catalogs(
+            [roots["naev-data"]], sources.NAEV_LOCALE_DIR, p, sources.naev_pairs
+        ),
+        segment=True,
+    ),
+    "freedroid": SourceSpec(
+        ("freedroidrpg-data",),
+        lambda roots, p: sources.read_game_catalogs(
+            [roots["freedroidrpg-data"]], sources.FREEDROID_LOCALE_DIR, p, sources.freedroid_pairs
+        ),
+        segment=True,
+    ),
+    "freedink": SourceSpec(
+        ("freedink-data",),
+        lambda roots, p: sources.read_game_catalogs(
+            [roots["freedink-data"]], sources.FREEDINK_LOCALE_DIR, p, sources.freedink_pairs
+        ),
+        segment=True,
+    ),
 }
 
 

@@ -280,6 +280,42 @@ def placeholder_free_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
     ]
 
 
+# ---- role-playing games' dialogue (Naev, FreedroidRPG, FreeDink) ----------------------------------
+
+NAEV_LOCALE_DIR = "usr/share/naev/dat/gettext/de/LC_MESSAGES"
+FREEDROID_LOCALE_DIR = "usr/share/locale/de/LC_MESSAGES"
+FREEDINK_LOCALE_DIR = "usr/share/games/dink/dink/l10n/de/LC_MESSAGES"
+
+_NAEV_COLOUR = re.compile(r"\a[0-9A-Za-z]")  # "\anYou have:\a0": colour on, colour off
+_FREEDROID_STYLE = re.compile(r"\[/? ?[bnrw]\]")  # "[b]Fire Weapon[/b]", "[r]Warning[n]": bold, colours
+_DINK_VARIABLE = re.compile(r"&[a-z_]\w*")  # "$&amount gold": a DinkC variable filled in at run time
+
+
+def dialogue_pairs(
+    entries: list[tuple[str, str]], style: re.Pattern | None = None, runtime: re.Pattern | None = None
+) -> list[Pair]:
+    """:func:`placeholder_free_pairs`, less strings with a game's own ``runtime`` variables, with the
+    game's ``style`` codes (colour, bold) removed so that their text stays."""
+    pairs = []
+    for en, de in placeholder_free_pairs(entries):
+        if runtime is not None and (runtime.search(en) or runtime.search(de)):
+            continue
+        pairs.append((style.sub("", en), style.sub("", de)) if style is not None else (en, de))
+    return pairs
+
+
+def naev_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
+    return dialogue_pairs(entries, style=_NAEV_COLOUR)
+
+
+def freedroid_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
+    return dialogue_pairs(entries, style=_FREEDROID_STYLE)
+
+
+def freedink_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
+    return dialogue_pairs(entries, runtime=_DINK_VARIABLE)
+
+
 # ---- Tux Paint stamp descriptions ----------------------------------------------------------------
 
 TUXPAINT_STAMPS_DIR = "usr/share/tuxpaint/stamps"

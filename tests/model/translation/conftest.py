@@ -12,8 +12,11 @@ from tests.model.translation.excerpts import (
     CATACLYSM_ENTRIES,
     DING_LINES,
     FREECIV_ENTRIES,
+    FREEDINK_ENTRIES,
+    FREEDROID_ENTRIES,
     HELP_DE,
     HELP_EN,
+    NAEV_ENTRIES,
     STAMP_KANGAROO,
     UI_ENTRIES,
     WESNOTH_ENTRIES,
@@ -43,4 +46,9 @@ def excerpt_cache(tmp_path) -> Path:
     make_package(cache, "widelands-data", catalog, "2:1.1-3")
     stamp = {f"{sources.TUXPAINT_STAMPS_DIR}/animals/marsupials/kangaroo.txt": STAMP_KANGAROO}
     make_package(cache, "tuxpaint-stamps-default", stamp, "2022.06.04-1")
+    make_package(cache, "naev-data", {f"{sources.NAEV_LOCALE_DIR}/naev.mo": build_mo(NAEV_ENTRIES)}, "0.8.2-1")
+    catalog = {f"{sources.FREEDROID_LOCALE_DIR}/freedroidrpg-dialogs.mo": build_mo(FREEDROID_ENTRIES)}
+    make_package(cache, "freedroidrpg-data", catalog, "1.0-1")
+    catalog = {f"{sources.FREEDINK_LOCALE_DIR}/dink.mo": build_mo(FREEDINK_ENTRIES)}
+    make_package(cache, "freedink-data", catalog, "1.08.20190120-2")
     return cache

@@ -203,6 +203,75 @@ WIDELANDS_PAIRS = [  # placeholder_free_pairs(WIDELANDS_ENTRIES): "%1%" and "<na
     ("Captain Thanlas the Elder,<br>Explorer", "Kapitän Thanlas der Ältere,<br>Entdecker"),
 ]
 
+# naev-data 0.8.2-1 (dat/gettext/de/LC_MESSAGES/naev.mo), verbatim: "\a" + letter switches the colour
+NAEV_ENTRIES = [
+    ("\aoThe ship has no fuel.", "\aoDas Schiff hat keinen Treibstoff."),
+    ("\agEscorts: \a0Holding position.", "\agGeleit: \a0Stellung halten."),
+    (
+        '"Ah, you\'re busy, eh? Oh well. Let me know if you change your mind, OK?"',
+        "„Ah, du bist beschäftigt, eh? Ach so. Lass mich wissen, wenn du deine Meinung änderst, OK?“",
+    ),
+    ("\a%c%s\a0 is hailing you.", "\a%c%s\a0 funkt dich an."),
+    ("Menu|\x04Credits", "Mitwirkende"),
+]
+NAEV_PAIRS = [  # naev_pairs(NAEV_ENTRIES), in catalog order: colour codes gone, the printf string left out
+    ("Escorts: Holding position.", "Geleit: Stellung halten."),
+    ("The ship has no fuel.", "Das Schiff hat keinen Treibstoff."),
+    (NAEV_ENTRIES[2][0], NAEV_ENTRIES[2][1]),
+    ("Credits", "Mitwirkende"),
+]
+
+# freedroidrpg-data 1.0-1 (freedroidrpg-dialogs.mo, freedroidrpg.mo), verbatim
+FREEDROID_ENTRIES = [
+    ("That's way too expensive.", "Das ist viel zu teuer."),
+    (
+        "Don't come back without the [b]Tachyon Condensator[/b].",
+        "Komm nicht ohne den [b]Tachionen-Kondensator[/b] zurück.",
+    ),
+    (
+        "Prospective clients are welcome to make appointments from [b]15:00-17:00 Fridays[/b].",
+        "Potenzielle Kunden sind herzlich eingeladen, Termine [b]Freitags von 15:00 bis 17:00 Uhr[/ b] zu machen.",
+    ),
+    ("A [b]%s[/b] jumps out in front of you!", "Ein/e [b]%s[/b] stößt mit dir zusammen!"),
+    (
+        "Choose a game act\n[r]Warning: Unsaved changes will be lost[n]",
+        "Wähle ein Kapitel des Spiels\n[r]Warnung: Ungespeicherte Änderungen gehen verloren[n]",
+    ),
+]
+FREEDROID_PAIRS = [  # freedroid_pairs(FREEDROID_ENTRIES): bold and colour codes gone, the printf string left out
+    (
+        "Choose a game act\nWarning: Unsaved changes will be lost",
+        "Wähle ein Kapitel des Spiels\nWarnung: Ungespeicherte Änderungen gehen verloren",
+    ),
+    ("Don't come back without the Tachyon Condensator.", "Komm nicht ohne den Tachionen-Kondensator zurück."),
+    (
+        "Prospective clients are welcome to make appointments from 15:00-17:00 Fridays.",
+        "Potenzielle Kunden sind herzlich eingeladen, Termine Freitags von 15:00 bis 17:00 Uhr zu machen.",
+    ),
+    ("That's way too expensive.", "Das ist viel zu teuer."),
+]
+
+# freedink-data 1.08.20190120-2 (dink/l10n/de/LC_MESSAGES/dink.mo), verbatim
+FREEDINK_ENTRIES = [
+    (
+        '"You are injured!  It will cost $&amount gold to heal you."',
+        '"Du bist verletzt! Es wird $&amount Goldstücke kosten dich zu heilen."',
+    ),
+    (
+        '"Hello, friend.  I will teach Hellfire magic for $1500 gold."',
+        '"Hallo Freund. Ich werde dir die Höllenfeuer-Magie für 1500 Goldstücke beibringen."',
+    ),
+    (
+        "It's your father isn't it?  Does he do anything to you?",
+        "Es ist dein Vater, oder? Hat er dir irgendwas angetan?",
+    ),
+    ("Button 1 - &buttoninfo", "Knopf 1 - &buttoninfo"),
+]
+FREEDINK_PAIRS = [  # freedink_pairs(FREEDINK_ENTRIES): DinkC variables (&amount) left out whole
+    (FREEDINK_ENTRIES[1][0], FREEDINK_ENTRIES[1][1]),
+    (FREEDINK_ENTRIES[2][0], FREEDINK_ENTRIES[2][1]),
+]
+
 # tuxpaint-stamps-default 2022.06.04-1: stamps/animals/marsupials/kangaroo.txt (its first lines)
 STAMP_KANGAROO = """A red kangaroo.
 ach.utf8=Kangaru ma kwar.

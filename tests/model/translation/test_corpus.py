@@ -36,7 +36,7 @@ def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
     stats = json.loads((out / "stats.json").read_text())
     pairs = [p for split in read_splits(out).values() for p in split]
     assert all(len(p) == 2 and all(p) for p in pairs)
-    assert stats["total"] == len(pairs) == 40
+    assert stats["total"] == len(pairs) == 54
     assert stats["splits"] == {s: len(v) for s, v in read_splits(out).items()}
     ding, help_, ui = (stats["sources"][name] for name in ("ding", "help", "ui"))
     assert ding["packages"] == {"trans-de-en": "1.9-6"}
@@ -65,6 +65,18 @@ def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
     assert ("Captain Thanlas the Elder, Explorer", "Kapitän Thanlas der Ältere, Entdecker") in pairs
     assert not any("npcname" in en or "%1%" in en for en, _ in pairs)
     assert tuxpaint["stages"]["unique"] == 1 and ("A red kangaroo.", "Ein rotes Riesenkänguru.") in pairs
+    naev, freedroid, freedink = (stats["sources"][name] for name in ("naev", "freedroid", "freedink"))
+    assert naev["packages"] == {"naev-data": "0.8.2-1"} and naev["stages"]["unique"] == 6  # one line -> 3 sentences
+    assert ("Oh well.", "Ach so.") in pairs
+    assert ("The ship has no fuel.", "Das Schiff hat keinen Treibstoff.") in pairs  # colour codes gone
+    assert freedroid["packages"] == {"freedroidrpg-data": "1.0-1"} and freedroid["stages"]["unique"] == 4
+    assert (
+        "Don't come back without the Tachyon Condensator.",
+        "Komm nicht ohne den Tachionen-Kondensator zurück.",
+    ) in pairs
+    assert freedink["packages"] == {"freedink-data": "1.08.20190120-2"} and freedink["stages"]["unique"] == 4
+    assert ("Does he do anything to you?", "Hat er dir irgendwas angetan?") in pairs
+    assert not any("&" in en or "%s" in en for en, _ in pairs)
     assert (
         "I've only a vague recollection of my ninth birthday.",
         "An meinen neunten Geburtstag kann ich mich nur ganz dunkel erinnern.",

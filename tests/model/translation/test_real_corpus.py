@@ -1,4 +1,4 @@
-"""End to end on the real Debian packages: download (apt-get download, ~1 GB), build, split, tokenize.
+"""End to end on the real Debian packages: download (apt-get download, ~1.5 GB), build, split, tokenize.
 
 Skipped, with the reason, where the packages cannot be fetched (no apt-get, no registry). About two
 minutes on two cores: unpacking the game packages, parsing 2,500 help pages, grouping near-duplicates
@@ -52,12 +52,13 @@ def test_real_corpus_counts(real_corpus):
     stats = json.loads((real_corpus / "stats.json").read_text())
     unique = {name: s["stages"]["unique"] for name, s in stats["sources"].items()}
     # measured on bookworm (trans-de-en 1.9-6, LibreOffice 7.4.7, Wesnoth 1.16.9, Freeciv 3.0.6, Cataclysm
-    # 0.F-3, Widelands 1.1, Tux Paint stamps 2022.06.04): 18,869 / 42,791 / 13,977 / 22,203 / 6,592 / 20,896
-    # / 7,879 / 797
+    # 0.F-3, Widelands 1.1, Tux Paint stamps 2022.06.04, Naev 0.8.2, FreedroidRPG 1.0, FreeDink data
+    # 1.08.20190120): 18,869 / 42,791 / 13,977 / 22,203 / 6,592 / 20,896 / 7,879 / 797 / 10,476 / 9,055 / 2,313
     assert unique["ding"] > 15_000 and unique["help"] > 35_000 and unique["ui"] > 10_000, unique
     assert unique["wesnoth"] > 18_000 and unique["freeciv"] > 5_000 and unique["tuxpaint"] > 600, unique
     assert unique["cataclysm"] > 17_000 and unique["widelands"] > 6_000, unique
-    assert 120_000 < stats["total"] < 150_000
+    assert unique["naev"] > 8_000 and unique["freedroid"] > 7_000 and unique["freedink"] > 1_800, unique
+    assert 140_000 < stats["total"] < 175_000
     assert 0.015 < stats["splits"]["test"] / stats["total"] < 0.025
     versions = {p: v for s in stats["sources"].values() for p, v in s["packages"].items()}
     assert sorted(versions) == sorted(PACKAGES) and all(versions.values())

@@ -16,9 +16,15 @@ from tests.model.translation.excerpts import (
     DING_PAIRS,
     FREECIV_ENTRIES,
     FREECIV_PAIRS,
+    FREEDINK_ENTRIES,
+    FREEDINK_PAIRS,
+    FREEDROID_ENTRIES,
+    FREEDROID_PAIRS,
     HELP_DE,
     HELP_EN,
     HELP_PAIRS,
+    NAEV_ENTRIES,
+    NAEV_PAIRS,
     STAMP_KANGAROO,
     UI_ENTRIES,
     UI_PAIRS,
@@ -141,6 +147,25 @@ def test_game_catalogs_are_read_from_every_package_in_name_order(tmp_path):
 def test_placeholder_free_pairs_keep_markup_and_leave_out_placeholders():
     assert sources.placeholder_free_pairs(sources.parse_mo(build_mo(CATACLYSM_ENTRIES))) == CATACLYSM_PAIRS
     assert sources.placeholder_free_pairs(sources.parse_mo(build_mo(WIDELANDS_ENTRIES))) == WIDELANDS_PAIRS
+
+
+def test_dialogue_catalogs_lose_style_codes_and_run_time_variables():
+    assert sources.naev_pairs(sources.parse_mo(build_mo(NAEV_ENTRIES))) == NAEV_PAIRS
+    assert sources.freedroid_pairs(sources.parse_mo(build_mo(FREEDROID_ENTRIES))) == FREEDROID_PAIRS
+    assert sources.freedink_pairs(sources.parse_mo(build_mo(FREEDINK_ENTRIES))) == FREEDINK_PAIRS
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("Thanks for visiting, [b]Will Gapes[/b]!", "Thanks for visiting, Will Gapes!"),
+        ("[n]No completed quests yet.[w]", "No completed quests yet."),
+        ("[OK] Entering sleep mode... [Done].", "[OK] Entering sleep mode... [Done]."),  # words, not codes
+        ("OPENGATE [inner] [outer]", "OPENGATE [inner] [outer]"),
+    ],
+)
+def test_freedroid_style_codes_go_but_bracketed_words_stay(text, kept):
+    assert sources.freedroid_pairs([(text, text + " ")]) == [(kept, kept + " ")]
 
 
 @pytest.mark.parametrize(
