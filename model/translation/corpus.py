@@ -61,6 +61,19 @@ WESNOTH_CAMPAIGNS = (
 )
 WESNOTH_PACKAGES = ("wesnoth-1.16-data", *(f"wesnoth-1.16-{c}" for c in WESNOTH_CAMPAIGNS))
 
+
+def catalogs(
+    package: str, subdir: str, pairs_of: Callable[[list[tuple[str, str]]], list[Pair]], ui_strings: bool = False
+) -> SourceSpec:
+    """A source made of one package's German ``.mo`` catalogs under ``subdir``, read by ``pairs_of``."""
+    return SourceSpec(
+        (package,),
+        lambda roots, p: sources.read_game_catalogs([roots[package]], subdir, p, pairs_of),
+        ui_strings=ui_strings,
+        segment=True,
+    )
+
+
 SOURCES: dict[str, SourceSpec] = {
     "ding": SourceSpec(("trans-de-en",), lambda roots, p: sources.read_ding(roots["trans-de-en"], p)),
     "help": SourceSpec(
@@ -79,51 +92,16 @@ SOURCES: dict[str, SourceSpec] = {
         lambda roots, p: sources.read_game_catalogs(list(roots.values()), sources.WESNOTH_LOCALE_DIR, p),
         segment=True,
     ),
-    "freeciv": SourceSpec(
-        ("freeciv-data",),
-        lambda roots, p: sources.read_game_catalogs([roots["freeciv-data"]], sources.FREECIV_LOCALE_DIR, p),
-        ui_strings=True,
-        segment=True,
-    ),
-    "cataclysm": SourceSpec(
-        ("cataclysm-dda-data",),
-        lambda roots, p: sources.read_game_catalogs(
-            [roots["cataclysm-dda-data"]], sources.CATACLYSM_LOCALE_DIR, p, sources.placeholder_free_pairs
-        ),
-        segment=True,
-    ),
-    "widelands": SourceSpec(
-        ("widelands-data",),
-        lambda roots, p: sources.read_game_catalogs(
-            [roots["widelands-data"]], sources.WIDELANDS_LOCALE_DIR, p, sources.placeholder_free_pairs
-        ),
-        segment=True,
-    ),
+    "freeciv": catalogs("freeciv-data", sources.FREECIV_LOCALE_DIR, sources.game_message_pairs, ui_strings=True),
+    "cataclysm": catalogs("cataclysm-dda-data", sources.CATACLYSM_LOCALE_DIR, sources.placeholder_free_pairs),
+    "widelands": catalogs("widelands-data", sources.WIDELANDS_LOCALE_DIR, sources.placeholder_free_pairs),
     "tuxpaint": SourceSpec(
         ("tuxpaint-stamps-default",),
         lambda roots, p: sources.read_stamps(roots["tuxpaint-stamps-default"], p),
     ),
-    "naev": SourceSpec(
-        ("naev-data",),
-        lambda roots, p: sources.read_game_catalogs(
-            [roots["naev-data"]], sources.NAEV_LOCALE_DIR, p, sources.naev_pairs
-        ),
-        segment=True,
-    ),
-    "freedroid": SourceSpec(
-        ("freedroidrpg-data",),
-        lambda roots, p: sources.read_game_catalogs(
-            [roots["freedroidrpg-data"]], sources.FREEDROID_LOCALE_DIR, p, sources.freedroid_pairs
-        ),
-        segment=True,
-    ),
-    "freedink": SourceSpec(
-        ("freedink-data",),
-        lambda roots, p: sources.read_game_catalogs(
-            [roots["freedink-data"]], sources.FREEDINK_LOCALE_DIR, p, sources.freedink_pairs
-        ),
-        segment=True,
-    ),
+    "naev": catalogs("naev-data", sources.NAEV_LOCALE_DIR, sources.naev_pairs),
+    "freedroid": catalogs("freedroidrpg-data", sources.FREEDROID_LOCALE_DIR, sources.freedroid_pairs),
+    "freedink": catalogs("freedink-data", sources.FREEDINK_LOCALE_DIR, sources.freedink_pairs),
 }
 
 
