@@ -134,7 +134,11 @@ def test_unload_lets_running_requests_finish_then_the_model_is_gone(repo, tmp_pa
             )
         )
         worker.start()
-        time.sleep(0.05)
+        deadline, running = time.monotonic() + 30, 0.0
+        while not running and worker.is_alive() and time.monotonic() < deadline:  # until it is being decoded
+            running = metric_value(srv.get("/metrics").text, "attnserve_running_sequences", model="translator")
+            time.sleep(0.005)
+        assert running, "the long request was never seen in the running batch"
         client.unload_model("translator")
         worker.join(60)
         after = httpx.post(srv.url + "/translate", json={"text": "Open."})
