@@ -12,6 +12,8 @@
   Their strings often hold placeholders in angle brackets (``<npcname> calms down.``), left out.
 - ``tuxpaint-stamps-default``: one short description of each picture stamp ("A red kangaroo."),
   with its translations as ``de.utf8=...`` lines below it.
+- ``naev-data``, ``freedroidrpg-data``, ``freedink-data``: three role-playing games' German catalogs,
+  mostly characters' dialogue; each game's colour and bold codes go, its run-time variables are left out.
 
 Readers only extract; the generic cleaning rules (model/translation/cleaning.py) run afterwards.
 """
