@@ -13,9 +13,9 @@ does) against CTranslate2 float32 and int8 (``compute_type="int8"``), every engi
 intra-op threads, the faster kept per configuration (the service itself leaves one core to its
 event loop: on two cores it runs onnxruntime on one; both counts are printed). Every run generates
 exactly that many tokens per sentence (end-of-sentence ruled out: ``without_eos`` for ours,
-``min_decoding_length`` for CTranslate2; checked on the first run). In each of ``--rounds`` rounds every configuration runs every engine in
-turn (the order rotating by round); the median of the rounds is kept. Skipped, with a note, when
-ctranslate2 is not installed.
+``min_decoding_length`` for CTranslate2; checked on the first run). In each of ``--rounds`` rounds
+every configuration runs every engine in turn (the order rotating by round); the median of the
+rounds is kept. Skipped, with a note, when ctranslate2 is not installed.
 """
 
 from __future__ import annotations
