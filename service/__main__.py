@@ -8,14 +8,14 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.logs import configure_logging, logging_config
-from service.settings import Settings
+from service.settings import Settings, explain
 
 
 def main() -> int:
     try:
         settings = Settings()
-    except ValidationError as e:
-        print(f"attnserve: invalid settings (ATTNSERVE_* environment variables):\n{e}", file=sys.stderr)
+    except ValidationError as e:  # one line, no traceback: an operator's typo, not a bug of the service
+        print(f"attnserve: invalid settings: {explain(e)}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
     uvicorn.run(

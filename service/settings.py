@@ -3,15 +3,18 @@
 One class so that the settings page (docs/configuration.md, checked against it by a test), the validation and
 the defaults cannot drift apart.
 Validators refuse values that would make the service unsafe (unbounded bodies, pixel bombs) or
-self-contradictory (a request larger than any batch), at startup rather than at the first request.
+self-contradictory (a request larger than any batch), at startup rather than at the first request;
+``explain`` turns their refusal into the one line ``python -m service`` prints.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1 << 20
@@ -27,11 +30,39 @@ LogFormat = Literal["json", "text"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 
+# Settings whose values no error message repeats: the API key hashes (a hash of a short key can be
+# brute-forced back to the key) and the Redis URL (it may carry a password: redis://:password@host).
+SECRET_SETTINGS = frozenset({"api_key_hashes", "redis_url"})
+
+LIST_FORMS = 'write it as ["a","b"] or as a,b'
+
+
+def list_from_env(value: Any) -> Any:
+    """A list setting as written in the environment: a JSON list (``["a","b"]``) or comma-separated
+    (``a,b``, the form many servers take); empty is the empty list. Other values pass through."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON list ({e.msg} at character {e.pos}); {LIST_FORMS}") from None
+        if not all(isinstance(item, str) for item in items):
+            raise ValueError(f"a JSON list of strings only; {LIST_FORMS}")
+        return items
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+EnvList = Annotated[tuple[str, ...], BeforeValidator(list_from_env)]
+
 
 class Settings(BaseSettings):
     """Configuration of one service process. Field descriptions are the settings page's."""
 
-    model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid", frozen=True)
+    # enable_decoding=False: pydantic-settings would read a list only as JSON, and fail with a traceback on
+    # anything else; list fields are EnvList, whose validator takes both forms and refuses with a message.
+    model_config = SettingsConfigDict(env_prefix="ATTNSERVE_", extra="forbid", frozen=True, enable_decoding=False)
 
     # --- server -----------------------------------------------------------------------------
     host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (0.0.0.0 in a container).")
@@ -147,22 +178,22 @@ class Settings(BaseSettings):
         description="Longest a request's body may take to arrive, from its headers: a slower one (a stalled or "
         "trickling client, slow-loris) gets 408 `request_timeout` and its connection is closed.",
     )
-    api_key_hashes: tuple[str, ...] = Field(
+    api_key_hashes: EnvList = Field(
         (),
-        description="sha256 hex digests of the accepted API keys (JSON list in the environment); set, every route but "
+        description="sha256 hex digests of the accepted API keys (a JSON list or comma-separated); set, every route but "
         "the health probes, the web page's files and the docs requires `Authorization: Bearer <key>`.",
     )
     api_key_hashes_file: Path | None = Field(
         None, description="A file of more accepted key hashes, one per line (a mounted Kubernetes Secret)."
     )
     protect_metrics: bool = Field(False, description="With API keys: `/metrics` requires a key too.")
-    cors_origins: tuple[str, ...] = Field(
+    cors_origins: EnvList = Field(
         (),
-        description="Origins whose browser pages may call the API (JSON list in the environment, e.g. "
-        '`["https://app.example.com"]`; `["*"]` for any). Empty: no cross-origin calls.',
+        description="Origins whose browser pages may call the API (a JSON list or comma-separated, e.g. "
+        "`https://app.example.com,https://admin.example.com`; `*` for any). Empty: no cross-origin calls.",
     )
-    image_formats: tuple[str, ...] = Field(
-        DEFAULT_IMAGE_FORMATS, min_length=1, description="Pillow formats accepted (JSON list in the environment)."
+    image_formats: EnvList = Field(
+        DEFAULT_IMAGE_FORMATS, min_length=1, description="Pillow formats accepted (a JSON list or comma-separated)."
     )
     inline_decode_max_pixels: int = Field(
         65_536,
@@ -178,7 +209,9 @@ class Settings(BaseSettings):
         "(shared by every replica that uses the same Redis).",
     )
     redis_url: str = Field(
-        "redis://localhost:6379/0", min_length=1, description="Redis of the `redis` attention store."
+        "redis://localhost:6379/0",
+        pattern=r"^(redis|rediss|unix)://",
+        description="Redis of the `redis` attention store.",
     )
     redis_timeout_s: float = Field(
         0.5,
@@ -254,3 +287,36 @@ def _pillow_formats() -> set[str]:
 
     Image.init()
     return set(Image.OPEN)
+
+
+def variable(field: str) -> str:
+    """The environment variable of a setting: ``max_batch_size`` -> ``ATTNSERVE_MAX_BATCH_SIZE``."""
+    return f"{Settings.model_config['env_prefix']}{field.upper()}"
+
+
+def explain(error: ValidationError) -> str:
+    """The refusal of a ValidationError from ``Settings`` on one line, for an operator: the variable, what is
+    wrong with it, the expected form; the value only where it is not secret (``SECRET_SETTINGS``)."""
+    return "; ".join(_explain_one(e) for e in error.errors(include_url=False))
+
+
+# Expected forms pydantic's message leaves out, by error type.
+_EXPECTED = {"bool_parsing": "true or false (also 1/0, yes/no, on/off)"}
+
+
+def _explain_one(e: dict[str, Any]) -> str:
+    message = e["msg"].removeprefix("Value error, ")
+    if e["type"] in _EXPECTED:
+        message += f"; expected {_EXPECTED[e['type']]}"
+    if not e["loc"]:  # a model-level check (_refuse_unsafe): its message names the settings it compares
+        return _with_variables(message)
+    field, *inside = e["loc"]
+    where = variable(str(field)) + "".join(f" item {i}" for i in inside)
+    if field in SECRET_SETTINGS or field not in Settings.model_fields:  # an unknown name may be a misspelt secret
+        return f"{where} (value not shown): {message}"
+    return f"{where}={e['input']!r}: {message}"
+
+
+def _with_variables(text: str) -> str:
+    """``text`` with each setting it names written as its variable."""
+    return re.sub(r"\b[a-z][a-z0-9_]*\b", lambda m: variable(m[0]) if m[0] in Settings.model_fields else m[0], text)
