@@ -36,16 +36,29 @@ async function api(path, options) {
 }
 
 // Images from the API (samples, heatmaps): by URL, or, when the page holds a key (an <img> cannot
-// send one), fetched with it and shown from a blob URL.
+// send one), fetched with it and shown from a blob URL. An <img> is shown only while it holds its
+// picture: hidden before the first one and when one fails, never the browser's broken-image icon.
 async function showImage(img, path) {
-  if (!sessionStorage.getItem("attnserve-key")) {
-    img.src = path;
-    return;
+  let src = path;
+  try {
+    if (sessionStorage.getItem("attnserve-key")) {
+      const r = await get(path);
+      if (!r.ok) throw new Error(`HTTP ${r.status}`);
+      src = URL.createObjectURL(await r.blob());
+    }
+    const previous = img.src;
+    await new Promise((resolve, reject) => {
+      img.onload = resolve;
+      img.onerror = () => reject(new Error("the service sent no picture"));
+      img.src = src;
+    });
+    if (previous.startsWith("blob:")) URL.revokeObjectURL(previous);
+    img.hidden = false;
+  } catch (e) {
+    img.hidden = true;
+    if (src.startsWith("blob:")) URL.revokeObjectURL(src);
+    throw new Error(`Could not load ${path}: ${e.message}`);
   }
-  const r = await get(path);
-  if (!r.ok) throw new Error(`HTTP ${r.status} for ${path}`);
-  if (img.src.startsWith("blob:")) URL.revokeObjectURL(img.src);
-  img.src = URL.createObjectURL(await r.blob());
 }
 
 function fillSelect(select, values, labels = values) {
@@ -112,6 +125,7 @@ async function loadSamples() {
     b.setAttribute("role", "listitem");
     b.title = b.ariaLabel = `Sample: ${s.label}`;
     const img = new Image(56, 56);
+    img.hidden = true;
     showImage(img, s.url).catch((e) => status(e.message, true));
     img.alt = s.label;
     b.append(img);
@@ -161,7 +175,10 @@ async function classify(blob) {
 }
 
 function updateVitHeatmap() {
-  if (!state.vitId) return;
+  if (!state.vitId) {  // an image classified without attention: not the previous image's map either
+    $("vit-heatmap").hidden = true;
+    return;
+  }
   const kind = $("vit-kind").value;
   $("vit-layer").disabled = $("vit-head").disabled = kind === "rollout";
   $("vit-fusion").disabled = kind !== "rollout";
@@ -192,7 +209,10 @@ async function translate(event) {
 }
 
 function updateAlignment() {
-  if (!state.trId) return;
+  if (!state.trId) {
+    $("alignment").hidden = true;
+    return;
+  }
   const q = new URLSearchParams({ kind: $("tr-kind").value, layer: $("tr-layer").value });
   if ($("tr-head").value !== "") q.set("head", $("tr-head").value);
   showImage($("alignment"), `/attention/${state.trId}.png?${q}`).catch((e) => status(e.message, true));

@@ -1,8 +1,10 @@
 """The web page (GET /) in a real headless browser: Debian's Chromium driven by Playwright.
 
-A person's path through it: the page lists the models, a sample image is classified and its
-heatmap drawn, another layer is picked, an uploaded image is classified, a sentence is translated
-and its alignment drawn. Screenshots go to ``test-artifacts/`` for a person to look at.
+A person's path through it: the page lists the models and shows no picture before there is one, a
+sample image is classified and its heatmap drawn, another layer is picked, an uploaded image is
+classified, a heatmap that cannot be loaded is hidden, a sentence is translated and its alignment
+drawn. No visible ``<img>`` is ever broken (the browser's broken-image icon). Screenshots go to
+``test-artifacts/`` for a person to look at.
 """
 
 from __future__ import annotations
@@ -66,6 +68,32 @@ def loaded_width(page, selector: str) -> int:
     ).json_value()  # the width of the image that was loaded when the wait ended, not of a later one
 
 
+def broken_images(page) -> list[str]:
+    """The alt text (else src) of every visible <img> without a loaded picture: empty, failed or still loading."""
+    return page.evaluate(
+        "() => [...document.images].filter(i => i.checkVisibility() && !(i.complete && i.naturalWidth > 0))"
+        ".map(i => i.alt || i.src || '(no alt, no src)')"
+    )
+
+
+def test_before_any_request_the_page_shows_no_picture_it_does_not_have(page, server):
+    """A tab of its own, as a person first sees the page: the sample images, and no empty heatmap or alignment."""
+    fresh = page.context.browser.new_page(viewport={"width": 1200, "height": 1000})
+    try:
+        fresh.goto(server.url + "/")
+        fresh.wait_for_function("document.getElementById('status').textContent === 'Ready.'")
+        fresh.wait_for_function(  # the sample pictures, once loaded, are the only pictures on show
+            "() => [...document.querySelectorAll('#samples img')].every(i => i.checkVisibility()"
+            " && i.complete && i.naturalWidth > 0)"
+        )
+        assert broken_images(fresh) == []
+        assert not fresh.is_visible("#vit-heatmap") and not fresh.is_visible("#alignment")
+        assert not fresh.is_visible("#classify-result") and not fresh.is_visible("#translate-result")
+        fresh.screenshot(path=str(ARTIFACTS / "web-first-load.png"), full_page=True)
+    finally:
+        fresh.close()
+
+
 def test_a_sample_image_is_classified_with_its_heatmap(page, server):
     page.wait_for_selector("#samples button")
     assert "vit v1" in page.inner_text("#models") and "CPUExecutionProvider" in page.inner_text("#models")
@@ -88,6 +116,7 @@ def test_a_sample_image_is_classified_with_its_heatmap(page, server):
         "#vit-heatmap", "src"
     )
     assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
+    assert page.is_visible("#vit-heatmap") and broken_images(page) == []
     page.screenshot(path=str(ARTIFACTS / "web-classify.png"), full_page=True)
     assert not page.errors
 
@@ -100,6 +129,18 @@ def test_an_uploaded_image_is_classified(page, fashion_pngs, tmp_path):
     page.wait_for_function(f"document.getElementById('vit-heatmap').getAttribute('src') !== {before!r}")
     assert loaded_width(page, "#vit-heatmap") == render.VIT_SIZE[0]
     assert page.locator("#topk li").count() == 5 and "error" not in (page.get_attribute("#status", "class") or "")
+    assert page.is_visible("#vit-heatmap") and broken_images(page) == []
+
+
+def test_a_heatmap_that_cannot_be_loaded_is_hidden_not_broken(page):
+    """The page asks for the heatmap of an attention id the service does not know (as when its id has
+    expired): the service answers 404, and the page hides the picture and says so instead."""
+    page.evaluate("state.vitId = 'no-such-attention-id'")  # the page script's own state: a global binding
+    page.select_option("#vit-kind", "rollout")
+    page.wait_for_selector("#status.error")
+    assert "could not load" in page.inner_text("#status").lower()
+    page.wait_for_selector("#vit-heatmap", state="hidden")
+    assert broken_images(page) == []
 
 
 def test_a_sentence_is_translated_with_its_alignment(page, server):
@@ -116,6 +157,7 @@ def test_a_sentence_is_translated_with_its_alignment(page, server):
     page.select_option("#tr-kind", "encoder")
     page.wait_for_function("document.getElementById('alignment').src.includes('kind=encoder')")
     assert loaded_width(page, "#alignment") == render.grid_size(cols, cols)[0]
+    assert page.is_visible("#alignment") and broken_images(page) == []
     page.screenshot(path=str(ARTIFACTS / "web-translate.png"), full_page=True)
     assert not page.errors
 
