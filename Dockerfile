@@ -1,42 +1,25 @@
-# syntax=docker/dockerfile:1
 # attnserve images. Targets:
 #   gpu (default)  NVIDIA CUDA + cuDNN runtime with onnxruntime-gpu: the `gpu` extra of pyproject.toml
 #   cpu            slim Python with onnxruntime: the `cpu` extra
 # Build arguments:
-#   MODELS=shipped   bake in the committed models/ (default); MODELS=trained rebuilds them from the
-#                    data in a torch stage (`make models`: hours on a CPU); neither stage ships torch
-#   PROFILE          training profile for MODELS=trained (default, tiny)
-#   PYTHON_IMAGE     base of the cpu target and of the training stage (Debian: the data are Debian packages)
+#   MODELS_IMAGE     where /models comes from: the committed models/ (default), or an image made by
+#                    deploy/train.Dockerfile, which retrains them from the data (hours on a CPU)
+#   PYTHON_IMAGE     base of the cpu target
 #   CUDA_IMAGE       base of the gpu target; its CUDA major must be the one onnxruntime-gpu was built for
 #                    (checked at build time below), cuDNN 9
-#   TORCH_INDEX_URL  where the CPU build of torch comes from (training stage only)
 # docker build -t attnserve:gpu .            docker build --target cpu -t attnserve:cpu .
+# Every stage here is one a runtime target needs: the legacy builder (no BuildKit) builds all the
+# stages before its target, so the training stage lives in deploy/train.Dockerfile.
 # The models are in /models (ATTNSERVE_MODEL_REPOSITORY); mount another repository there to override them.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
-ARG MODELS=shipped
+ARG MODELS_IMAGE=models-shipped
 
 # --- the model repository -----------------------------------------------------------------------
 FROM scratch AS models-shipped
 COPY models /models
 
-FROM ${PYTHON_IMAGE} AS models-trained
-ARG PROFILE=default
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN apt-get update && apt-get install -y --no-install-recommends make && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY pyproject.toml README.md Makefile ./
-COPY model model
-COPY export export
-COPY contract contract
-COPY service service
-COPY client client
-# install-dev: .[cpu,train,export,test] in .venv and Fashion-MNIST (apt: dataset-fashion-mnist); the corpus
-# step fetches trans-de-en and the LibreOffice help/l10n packages with apt-get download. The test
-# system packages (SYSTEM_DEPS: redis-server, chromium) are not needed to train.
-RUN PIP_EXTRA_INDEX_URL=${TORCH_INDEX_URL} make models MODELS=/models PROFILE=${PROFILE} SYSTEM_DEPS=
-
-FROM models-${MODELS} AS models
+FROM ${MODELS_IMAGE} AS models
 
 # --- cpu target -----------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build-cpu

@@ -1,6 +1,5 @@
 """Readers for the deployment files, shared by the tests: Dockerfile stages, .dockerignore matching,
-the service's routes, settings and drain time. No Docker engine runs here, so what Docker would
-check at build time is checked against these readings instead."""
+the service's routes, settings and drain time."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The Dockerfile, read as Docker would build it: stages, copied paths, installs, runtime settings.
+"""The Dockerfiles, read as Docker would build them: stages, copied paths, installs, runtime settings.
 
-No Docker engine runs here; each test checks one thing a build or a container start would trip on.
+Each test checks one thing a build or a container start would trip on, in milliseconds and without
+root; test_containers.py builds and runs the images for real.
 """
 
 from __future__ import annotations
@@ -32,9 +33,17 @@ from tests.deploy.parsing import (
 RUNTIME_TARGETS = {"cpu": "build-cpu", "gpu": "build-gpu"}  # target -> the stage that installs its venv
 
 
+TRAIN_DOCKERFILE = ROOT / "deploy" / "train.Dockerfile"
+
+
 @pytest.fixture(scope="module")
 def dockerfile():
     return parse_dockerfile()
+
+
+@pytest.fixture(scope="module")
+def train_dockerfile():
+    return parse_dockerfile(TRAIN_DOCKERFILE)
 
 
 @pytest.fixture(scope="module")
@@ -45,38 +54,59 @@ def pyproject():
 def test_stages_and_default_target(dockerfile):
     names = dockerfile.names
     assert len(names) == len(set(names)), f"duplicate stage names: {names}"
-    assert {"models-shipped", "models-trained", "models", "cpu", "gpu"} <= set(names)
+    assert {"models-shipped", "models", "cpu", "gpu"} <= set(names)
     assert names[-1] == "gpu", "the last stage is what `docker build` builds without --target"
-    # the model stage is chosen by the MODELS build argument, and its default names a stage
+    # the model stage is chosen by the MODELS_IMAGE build argument, and its default names a stage
     models = dockerfile.stage("models")
-    assert models.base == f"models-{dockerfile.args['MODELS']}"
-    assert models.base in names
+    assert models.base == dockerfile.args["MODELS_IMAGE"] == "models-shipped"
 
 
-def test_every_base_is_an_earlier_stage_or_a_pinned_image(dockerfile):
-    for i, stage in enumerate(dockerfile.stages):
-        earlier = dockerfile.names[:i]
-        if stage.base in earlier or stage.base == "scratch":
-            continue
-        assert "$" not in stage.base, f"{stage.name}: unresolved base {stage.base}"
-        assert re.fullmatch(r"[\w./-]+:[\w.-]+", stage.base), f"{stage.name}: base {stage.base} has no tag"
-        assert stage.base not in dockerfile.names, f"{stage.name}: stage {stage.base} is defined later"
+def needed(dockerfile, target: str) -> set[str]:
+    """The stages ``target`` depends on (its base and COPY --from sources, transitively), itself included."""
+    out, todo = set(), [target]
+    while todo:
+        stage = dockerfile.stage(todo.pop())
+        out.add(stage.name)
+        sources = [stage.base] + [copy_parts(i)[0].get("from", "") for i in stage.all("COPY")]
+        todo += [s for s in sources if s in dockerfile.names and s not in out]
+    return out
 
 
-def test_base_images(dockerfile, pyproject):
+def test_every_stage_is_needed_by_a_runtime_target(dockerfile):
+    """The legacy builder (Docker without BuildKit, Compose v1) builds every stage before its target:
+    a stage no runtime target needs, such as training, would run on every build."""
+    assert needed(dockerfile, "cpu") | needed(dockerfile, "gpu") == set(dockerfile.names)
+    # `--target cpu` builds what comes before cpu: nothing of the gpu target
+    assert dockerfile.names.index("cpu") < min(dockerfile.names.index(n) for n in ("build-gpu", "gpu"))
+
+
+def test_every_base_is_an_earlier_stage_or_a_pinned_image(dockerfile, train_dockerfile):
+    for file in (dockerfile, train_dockerfile):
+        for i, stage in enumerate(file.stages):
+            earlier = file.names[:i]
+            if stage.base in earlier or stage.base == "scratch":
+                continue
+            assert "$" not in stage.base, f"{stage.name}: unresolved base {stage.base}"
+            assert re.fullmatch(r"[\w./-]+:[\w.-]+", stage.base), f"{stage.name}: base {stage.base} has no tag"
+            assert stage.base not in file.names, f"{stage.name}: stage {stage.base} is defined later"
+
+
+def test_base_images(dockerfile, train_dockerfile, pyproject):
     cuda = dockerfile.args["CUDA_IMAGE"]
     assert cuda.startswith("nvidia/cuda:") and "cudnn" in cuda and "runtime" in cuda, cuda
     assert dockerfile.stage("gpu").base == dockerfile.stage("build-gpu").base == cuda
     python = dockerfile.args["PYTHON_IMAGE"]
     assert dockerfile.stage("cpu").base == dockerfile.stage("build-cpu").base == python
-    # the training stage fetches its data with apt (Debian packages): a Debian base
-    assert dockerfile.stage("models-trained").base == python and "bookworm" in python
+    # the training stage fetches its data with apt (Debian packages): a Debian base, the cpu image's
+    assert train_dockerfile.stage("models-trained").base == python and "bookworm" in python
     m = re.search(r"python:(\d+)\.(\d+)", python)
     required = re.search(r">=\s*(\d+)\.(\d+)", pyproject["project"]["requires-python"])
     assert (int(m[1]), int(m[2])) >= (int(required[1]), int(required[2]))
 
 
-def test_copied_paths_exist_and_are_in_the_build_context(dockerfile):
+@pytest.mark.parametrize("path", [ROOT / "Dockerfile", TRAIN_DOCKERFILE], ids=lambda p: p.name)
+def test_copied_paths_exist_and_are_in_the_build_context(path):
+    dockerfile = parse_dockerfile(path)
     rules = dockerignore_rules()
     copies = 0
     for i, stage in enumerate(dockerfile.stages):
@@ -95,7 +125,7 @@ def test_copied_paths_exist_and_are_in_the_build_context(dockerfile):
                 if (ROOT / src).is_dir():  # a directory arrives with its (tracked) content, not empty
                     files = [p for p in (ROOT / src).rglob("*.py") if "__pycache__" not in p.parts]
                     assert not files or not all(ignored(str(p.relative_to(ROOT)), rules) for p in files)
-    assert copies >= 10
+    assert copies >= 6
 
 
 def test_dockerignore_keeps_bulk_and_local_state_out():
@@ -166,8 +196,8 @@ def test_runtime_installs_come_from_the_pyproject_extras(dockerfile, pyproject):
         assert dockerfile.stage(target).all("COPY")[0].args.startswith(f"--from={build} /opt/venv")
 
 
-def test_training_stage_rebuilds_the_models_with_make(dockerfile, pyproject):
-    stage = dockerfile.stage("models-trained")
+def test_training_stage_rebuilds_the_models_with_make(train_dockerfile, pyproject):
+    stage = train_dockerfile.stage("models-trained")
     (run,) = [i.args for i in stage.all("RUN") if "make models" in i.args]
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([a-z-]+):", makefile, re.MULTILINE))
@@ -183,6 +213,12 @@ def test_training_stage_rebuilds_the_models_with_make(dockerfile, pyproject):
     assert "TORCH_INDEX_URL" in run
     copied = {src for i in stage.all("COPY") for src in copy_parts(i)[1]}
     assert {"model", "export", "service", "Makefile", "pyproject.toml"} <= copied
+    # the image it makes holds /models only, at the path the runtime stages copy from (MODELS_IMAGE)
+    last = train_dockerfile.stages[-1]
+    assert last.base == "scratch" and [copy_parts(i) for i in last.instructions] == [
+        ({"from": "models-trained"}, ["/models"], "/models")
+    ]
+    assert "--build-arg MODELS_IMAGE=" in TRAIN_DOCKERFILE.read_text()
 
 
 @pytest.mark.parametrize("target", sorted(RUNTIME_TARGETS))

@@ -155,8 +155,8 @@ def help_text(module: str) -> str:
 
 
 @functools.cache
-def dockerfile() -> tuple[set[str], set[str]]:
-    text = (ROOT / "Dockerfile").read_text()
+def dockerfile(path: str = "Dockerfile") -> tuple[set[str], set[str]]:
+    text = (ROOT / path).read_text()
     stages = {s.lower() for s in re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", text, re.MULTILINE | re.IGNORECASE)}
     return stages, set(re.findall(r"^ARG\s+([A-Z_]+)", text, re.MULTILINE))
 
@@ -223,8 +223,10 @@ def check_pip(args: list[str], cwd: Path) -> None:
 
 
 def check_docker(args: list[str], cwd: Path) -> None:
-    stages, build_args = dockerfile()
     if args[0] == "build":
+        file = args[args.index("-f") + 1] if "-f" in args else "Dockerfile"
+        assert (cwd / file).is_file(), f"no {file}"
+        stages, build_args = dockerfile(file)
         for flag, value in itertools.pairwise(args):
             if flag == "--target":
                 assert value in stages, f"the Dockerfile has no stage {value}"
