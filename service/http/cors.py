@@ -1,7 +1,8 @@
 """Cross-origin requests from the browsers of an allowlist of origins (``ATTNSERVE_CORS_ORIGINS``).
 
-Starlette's CORS middleware, with the service's JSON error body for a refused preflight. With no
-origins configured it is not installed at all: browsers then refuse cross-origin calls, as before.
+Starlette's CORS middleware, with the service's JSON error body for a refused preflight (the protocol's
+under ``/v2``). With no origins configured it is not installed at all: browsers then refuse
+cross-origin calls, as before.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from collections.abc import Sequence
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import error_response
+from service.errors import ServiceError, error_answer
 
 ALLOWED_HEADERS = (
     "Authorization",
@@ -23,6 +24,10 @@ ALLOWED_HEADERS = (
     "Inference-Header-Content-Length",
 )
 EXPOSED_HEADERS = ("X-Request-ID", "Retry-After", "Inference-Header-Content-Length", "Content-Disposition")
+
+
+class CorsRefused(ServiceError):
+    status, code = 400, "cors_refused"
 
 
 class Cors(CORSMiddleware):
@@ -36,9 +41,18 @@ class Cors(CORSMiddleware):
             max_age=600,
         )
 
-    def preflight_response(self, request_headers: Headers) -> Response:
-        response = super().preflight_response(request_headers)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "OPTIONS":
+            headers = Headers(scope=scope)
+            if "origin" in headers and "access-control-request-method" in headers:
+                await self._preflight(headers, scope["path"])(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    def _preflight(self, request_headers: Headers, path: str) -> Response:
+        """Starlette's preflight answer; a refusal in the error form of ``path``, saying what was refused."""
+        response = self.preflight_response(request_headers)
         if response.status_code != 400:
             return response
         refused = bytes(response.body).decode()  # "Disallowed CORS origin, method": what was refused
-        return error_response(400, "cors_refused", f"{refused} (allowed origins: {', '.join(self.allow_origins)})")
+        return error_answer(path, CorsRefused(f"{refused} (allowed origins: {', '.join(self.allow_origins)})"))

@@ -12,7 +12,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import BodyTooLarge, RequestTimeout, error_response, internal_error_response
+from service.errors import BodyTooLarge, InvalidContentLength, RequestTimeout, error_answer, internal_error_response
 from service.logs import REQUEST_ID_HEADER, AccessLog, bind_request_id, unbind_request_id
 from service.metrics import Metrics
 
@@ -64,7 +64,7 @@ class RequestContextMiddleware:
             log.exception("unhandled exception in %s %s", scope["method"], scope["path"])
             status = 500
             if not response_started:
-                await internal_error_response()(scope, receive, send_with_id)
+                await internal_error_response(scope["path"])(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - started
             route = scope.get("route")
@@ -112,12 +112,12 @@ class BodyLimitMiddleware:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await error_response(400, "invalid_content_length", "Content-Length is not a number")(
-                        scope, receive, send
-                    )
+                    refusal = InvalidContentLength("Content-Length is not a number")
+                    await error_answer(scope["path"], refusal)(scope, receive, send)
                     return
                 if declared > limit:
-                    await _too_large(limit)(scope, receive, send)
+                    too_large = BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+                    await error_answer(scope["path"], too_large)(scope, receive, send)
                     return
                 break
         received, complete = 0, False
@@ -167,7 +167,3 @@ async def _receive_by(receive: Receive, until: float, timeout_s: float) -> Messa
         ) from None
     finally:
         timer.cancel()
-
-
-def _too_large(limit: int):
-    return error_response(413, BodyTooLarge.code, f"request body exceeds the limit of {limit} bytes")

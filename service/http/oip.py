@@ -4,7 +4,7 @@ An inference request is a JSON object (``inputs``: name, shape, datatype, data o
 with the binary tensor data extension, a JSON header of ``Inference-Header-Content-Length`` bytes
 followed by the inputs' raw data in the order they are listed (each with its ``binary_data_size``).
 Raw data is little-endian and row-major; a ``BYTES`` element is a 4-byte length and its bytes.
-Errors are the protocol's body, ``{"error": "..."}``, with the service's status codes.
+Errors under ``/v2`` are the protocol's body, ``{"error": "..."}`` (``service.errors.error_format``).
 """
 
 from __future__ import annotations
@@ -55,11 +55,6 @@ class InferRequest:
     def wants_binary(self, output: str) -> bool:
         params = self.outputs.get(output, {})
         return bool(params.get("binary_data", self.parameters.get("binary_data_output", False)))
-
-
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    """The protocol's error body (the service's ``code`` is kept in the log, not the body)."""
-    return Response(json.dumps({"error": message}), status_code=status, headers=headers, media_type="application/json")
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

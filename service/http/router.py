@@ -5,7 +5,8 @@ says about it (``service/http/openapi.py`` builds the document from the same dec
 ``Router`` is the innermost ASGI app: exact paths by a dictionary lookup, ``{param}`` paths by
 their pattern, 404 and 405 for the rest; it calls ``handler(request, serving)`` (plus the
 validated query parameters for routes that declare them) and turns a ``ServiceError`` or an HTTP
-error raised on the way into the service's JSON error body. Anything else propagates to
+error raised on the way into the JSON error body of its path (``service.errors.error_format``: the
+Open Inference Protocol's under ``/v2``, the service's elsewhere). Anything else propagates to
 ``RequestContextMiddleware``, which logs it and answers 500.
 
 It replaces FastAPI's own routing and dependency injection on the request path: for a request
@@ -28,14 +29,13 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
-from service.errors import DeadlineExceeded, ServiceError, error_response, log_server_error
+from service.errors import DeadlineExceeded, ServiceError, error_format, is_protocol_path, log_server_error
 from service.http.auth import Keys
 from service.http.common import validated
 from service.http.deadlines import count_exceeded
-from service.schemas import ErrorResponse
+from service.schemas import ErrorResponse, ProtocolErrorResponse
 
 Handler = Callable[..., Awaitable[Response]]
-ErrorFormat = Callable[[int, str, str, "dict[str, str] | None"], Response]
 
 # Codes for the HTTP errors raised below the handlers (multipart parser, static files) and by the router.
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 415: "unsupported_media_type"}
@@ -69,21 +69,27 @@ class Route:
     documented: bool = True
     access: str = "key"  # "key": needs an API key when keys are set; "open": never; "metrics": as /metrics is set
     deadline: bool = False
-    error_format: ErrorFormat = error_response  # (status, code, message, headers) -> the error answer
-    error_model: type[BaseModel] = ErrorResponse  # the body error_format writes, for the OpenAPI document
 
     @property
     def methods(self) -> tuple[str, ...]:
         return (self.method, "HEAD") if self.method == "GET" else (self.method,)
 
     @property
+    def error_model(self) -> type[BaseModel]:
+        """The error body its answers have (``service.errors.error_format``), for the OpenAPI document."""
+        return ProtocolErrorResponse if is_protocol_path(self.path) else ErrorResponse
+
+    @property
     def path_params(self) -> list[str]:
         return re.findall(r"{(\w+)(?::\w+)?}", self.path)
 
 
-def http_error_response(status: int, message: str | None = None, headers: dict[str, str] | None = None) -> Response:
+def http_error_response(
+    status: int, message: str | None = None, headers: dict[str, str] | None = None, path: str = "/"
+) -> Response:
+    """The answer to a request no route takes (404, 405), in the error form of its ``path``."""
     code = HTTP_CODES.get(status) or _status_code_name(status)
-    return error_response(status, code, message or HTTPStatus(status).phrase, headers)
+    return error_format(path)(status, code, message or HTTPStatus(status).phrase, headers)
 
 
 def _status_code_name(status: int) -> str:
@@ -143,9 +149,10 @@ class Router:
         if route is None:
             if by_method:
                 scope["route"] = next(iter(by_method.values()))  # counted under the path's template
-                response = http_error_response(405, headers={"Allow": ", ".join(sorted(by_method))})
+                allow = {"Allow": ", ".join(sorted(by_method))}
+                response = http_error_response(405, headers=allow, path=scope["path"])
             else:
-                response = http_error_response(404, f"no route {scope['method']} {scope['path']}")
+                response = http_error_response(404, f"no route {scope['method']} {scope['path']}", path=scope["path"])
             await response(scope, receive, send)
             return
         scope["route"] = route  # the metrics' route label
@@ -163,9 +170,9 @@ class Router:
             log_server_error(e)
             if isinstance(e, DeadlineExceeded):
                 count_exceeded(scope)
-            response = route.error_format(e.status, e.code, e.message, e.headers)
+            response = error_format(scope["path"])(e.status, e.code, e.message, e.headers)
         except HTTPException as e:
             code = HTTP_CODES.get(e.status_code) or _status_code_name(e.status_code)
             message = e.detail if isinstance(e.detail, str) else HTTPStatus(e.status_code).phrase
-            response = route.error_format(e.status_code, code, message, e.headers)
+            response = error_format(scope["path"])(e.status_code, code, message, e.headers)
         await response(scope, receive, send)

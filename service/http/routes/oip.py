@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from service import __version__
 from service.classifier import TASK as IMAGE_CLASSIFICATION
-from service.errors import InvalidBase64, InvalidField, ModelNotFound, UnsupportedMediaType
+from service.errors import InvalidBase64, InvalidField, ModelNotFound, UnsupportedMediaType, protocol_error_response
 from service.http import oip
 from service.http.common import JSON_TYPE, answer_or_disconnect, attention_store, dump_json, validated
 from service.http.deadlines import oip_timeout, request_deadline
@@ -39,7 +39,7 @@ from service.http.routes.classify import attach_attention, decode_images
 from service.http.routes.translate import translate_texts
 from service.http.serving import Serving
 from service.registry import ServedModel, Status
-from service.schemas import ClassifyOptions, ProtocolErrorResponse, TranslateRequest
+from service.schemas import ClassifyOptions, TranslateRequest
 from service.translator import TASK as TRANSLATION
 
 PLATFORM = "onnxruntime_onnx"
@@ -78,7 +78,7 @@ async def server_ready(request: Request, serving: Serving) -> Response:
     """200 when every model is ready, 503 (saying why) until then."""
     ready, reasons = serving.registry.readiness()
     if not ready:
-        return oip.error_response(
+        return protocol_error_response(
             503, "not_ready", "; ".join(reasons), {"Retry-After": str(serving.settings.retry_after_s)}
         )
     return _json({"ready": True})
@@ -88,7 +88,7 @@ async def model_ready(request: Request, serving: Serving) -> Response:
     """200 when the model (version) is ready to infer, 503 (saying why) when it is not."""
     model = _served(serving, request, ready=False)
     if model.status is not Status.READY:
-        return oip.error_response(503, "model_not_ready", f"model {model.key} is {model.status.value}")
+        return protocol_error_response(503, "model_not_ready", f"model {model.key} is {model.status.value}")
     return _json({"name": model.name, "ready": True})
 
 
@@ -316,11 +316,7 @@ _HEADER_LENGTH = {
 
 
 def _routes() -> list[Route]:
-    common = {
-        "tags": ("open inference protocol",),
-        "error_format": oip.error_response,
-        "error_model": ProtocolErrorResponse,
-    }
+    common = {"tags": ("open inference protocol",)}
     errors = {404: "No such model or version.", 503: "Not ready, or the queue is full (`Retry-After`)."}
     infer_errors = {
         **errors,

@@ -45,6 +45,8 @@ def test_another_origin_or_method_is_refused_with_a_json_error(server):
     ):
         assert r.status_code == 400 and r.json()["error"]["code"] == "cors_refused"
         assert ALLOWED in r.json()["error"]["message"]
+    refused = preflight(server.url + "/v2/models/vit/infer", OTHER)  # the protocol's error form under /v2
+    assert refused.status_code == 400 and list(refused.json()) == ["error"] and ALLOWED in refused.json()["error"]
 
 
 def test_answers_carry_the_headers_for_an_allowed_origin_only(server):

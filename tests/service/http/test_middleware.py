@@ -75,6 +75,9 @@ def make_app(
         Route("GET", "/slow", slow),
         Route("GET", "/boom", boom),
         Route("POST", "/echo", echo),
+        Route("GET", "/v2/items/{item_id}", item),  # an Open Inference Protocol twin of each failing route
+        Route("GET", "/v2/boom", boom),
+        Route("POST", "/v2/echo", echo),
     ]
     app = Stack(routes, metrics, access_log, max_body_bytes, body_timeout_s)
     return app
@@ -352,6 +355,37 @@ def test_an_escaping_exception_is_a_json_500_with_the_traceback_only_in_the_log(
     assert record.request_id == "boom-1"
     assert isinstance(record.exc_info[1], ValueError) and str(record.exc_info[1]) == "secret internals"
     assert requests_total(metrics) == {("/boom", "GET", "500"): 1}
+
+
+TOO_LARGE = f"request body exceeds the limit of {LIMIT} bytes"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "code", "message"),
+    [
+        ("GET", "/nowhere", {}, 404, "not_found", "no route GET {path}"),
+        ("DELETE", "/echo", {}, 405, "method_not_allowed", "Method Not Allowed"),
+        ("GET", "/items/x", {}, 422, "invalid_field", "item_id: not a number: 'x'"),
+        ("GET", "/boom", {}, 500, "internal_error", "internal server error; the request id identifies it in the logs"),
+        ("POST", "/echo", {"content": b"x" * (LIMIT + 1)}, 413, "body_too_large", TOO_LARGE),
+        ("POST", "/echo", {"content": chunks(b"a" * 40, b"b" * 25)}, 413, "body_too_large", TOO_LARGE),
+        ("POST", "/echo", {"content": b"x", "headers": {"Content-Length": "abc"}}, 400, "invalid_content_length", "Content-Length is not a number"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("prefix", ["", "/v2"])
+def test_every_error_under_v2_has_the_protocol_body_and_elsewhere_the_service_body(
+    prefix, method, path, kwargs, status, code, message
+):
+    """Wherever the answer is made (router, body limit, last resort), only the path decides its form."""
+    path = prefix + path
+    if "content" in kwargs and not isinstance(kwargs["content"], bytes):  # a generator is spent once sent
+        kwargs = {**kwargs, "content": chunks(b"a" * 40, b"b" * 25)}
+    (r,) = exchange(make_app(Metrics()), (method, path, kwargs))
+    assert r.status_code == status and r.headers["content-type"] == "application/json"
+    message = message.format(path=path)
+    assert r.json() == ({"error": message} if prefix else {"error": {"code": code, "message": message}})
+    if status == 405:
+        assert r.headers["allow"] == "POST"
 
 
 def test_an_exception_after_the_response_started_sends_nothing_more_and_counts_a_500(capture):

@@ -26,7 +26,8 @@ SHORT = b'{"inputs": [{"name": "images", "shape": [1], "datatype": "BYTES", "par
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("oip"), SHIPPED, max_images_per_request=8) as srv:
+    limits = {"max_images_per_request": 8, "max_body_bytes": 1 << 20, "max_image_bytes": 256 << 10}
+    with serving(tmp_path_factory.mktemp("oip"), SHIPPED, **limits) as srv:
         yield srv
 
 
@@ -188,6 +189,43 @@ def test_bad_requests_get_the_protocol_error_body_and_the_service_goes_on(
         ).status_code
         == 200
     )
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status", "message"),
+    [
+        ("GET", "/v2/nope", None, {}, 404, "no route GET /v2/nope"),
+        ("GET", "/v2/", None, {}, 404, "no route GET /v2/"),
+        ("GET", "/v2/models/vit/infer", None, {}, 405, "Method Not Allowed"),
+        ("DELETE", "/v2/models/vit", None, {}, 405, "Method Not Allowed"),
+        ("GET", "/v2/models/nope", None, {}, 404, "model 'nope' is not loaded"),
+        ("GET", "/v2/models/vit/versions/9/ready", None, {}, 404, "model 'vit' version '9' is not loaded"),
+        ("POST", "/v2/models/vit/infer", b"{nope", {}, 400, "not valid JSON"),
+        ("POST", "/v2/repository/index", b"[1]", {}, 422, "must be a JSON object"),
+        ("POST", "/v2/repository/index", b'{"ready": 1}', {}, 422, "`ready` must be true or false"),
+        ("POST", "/v2/models/vit/infer", b"{}", {"Content-Encoding": "gzip"}, 415, "uncompressed"),
+        ("POST", "/v2/models/vit/infer", b" " * ((1 << 20) + 1), {}, 413, "exceeds the limit of 1048576 bytes"),
+    ],
+)  # fmt: skip
+def test_every_error_under_v2_has_the_protocol_body(server, method, path, body, headers, status, message):
+    """Whichever part of the service refuses the request (router, body limit, handler), the body is
+    ``{"error": "<message>"}``, the only form Triton's and KServe's clients read."""
+    r = httpx.request(method, server.url + path, content=body, headers=headers)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert list(r.json()) == ["error"] and message in r.json()["error"], r.text
+    if status == 405:
+        assert r.headers["allow"] == ("POST" if path.endswith("/infer") else "GET, HEAD")
+
+
+def test_tritonclient_formats_every_error_it_gets(server, client):
+    """``InferenceServerException`` carries the message (a native body made tritonclient raise TypeError)."""
+    for call in (lambda: client.get_model_config("nope"), lambda: client.get_inference_statistics("nope")):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert e.value.status() == "404"
+        assert "is not loaded" in str(e.value) or "no route GET /v2/models/nope/" in str(e.value)
+    assert httpx.get(server.url + "/nope").json()["error"]["code"] == "not_found"  # elsewhere: the service's body
 
 
 def test_oip_requests_are_counted_under_their_route_templates(server, client):
