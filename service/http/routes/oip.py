@@ -34,6 +34,7 @@ from service.errors import InvalidBase64, InvalidField, ModelNotFound, Unsupport
 from service.http import oip
 from service.http.common import JSON_TYPE, answer_or_disconnect, attention_store, dump_json, validated
 from service.http.deadlines import oip_timeout, request_deadline
+from service.http.model_config import PLATFORM, tensors
 from service.http.router import Route
 from service.http.routes.classify import attach_attention, decode_images
 from service.http.routes.translate import translate_texts
@@ -42,11 +43,11 @@ from service.registry import ServedModel, Status
 from service.schemas import ClassifyOptions, TranslateRequest
 from service.translator import TASK as TRANSLATION
 
-PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration")
 DECODING_PARAMETERS = ("beam_size", "length_penalty", "num_return_sequences", "max_new_tokens", "return_attention")
 
 
-def _served(serving: Serving, request: Request, ready: bool = True) -> ServedModel:
+def served_model(serving: Serving, request: Request, ready: bool = True) -> ServedModel:
     """The model version the path names (or the one answering unpinned requests); 404 if it is not loaded."""
     name, version = request.path_params["name"], request.path_params.get("version")
     versions = serving.registry.versions.get(name)
@@ -60,18 +61,18 @@ def _served(serving: Serving, request: Request, ready: bool = True) -> ServedMod
     return serving.registry.get(name, task, version)
 
 
-def _json(body: dict | list, status: int = 200) -> Response:
+def json_answer(body: dict | list, status: int = 200) -> Response:
     return Response(dump_json(body), status_code=status, media_type=JSON_TYPE)
 
 
 async def server_metadata(request: Request, serving: Serving) -> Response:
     """The server's name, version and protocol extensions."""
-    return _json({"name": "attnserve", "version": __version__, "extensions": ["binary_tensor_data", "classification"]})
+    return json_answer({"name": "attnserve", "version": __version__, "extensions": list(EXTENSIONS)})
 
 
 async def server_live(request: Request, serving: Serving) -> Response:
     """200 while the process answers."""
-    return _json({"live": True})
+    return json_answer({"live": True})
 
 
 async def server_ready(request: Request, serving: Serving) -> Response:
@@ -81,36 +82,25 @@ async def server_ready(request: Request, serving: Serving) -> Response:
         return protocol_error_response(
             503, "not_ready", "; ".join(reasons), {"Retry-After": str(serving.settings.retry_after_s)}
         )
-    return _json({"ready": True})
+    return json_answer({"ready": True})
 
 
 async def model_ready(request: Request, serving: Serving) -> Response:
     """200 when the model (version) is ready to infer, 503 (saying why) when it is not."""
-    model = _served(serving, request, ready=False)
+    model = served_model(serving, request, ready=False)
     if model.status is not Status.READY:
         return protocol_error_response(503, "model_not_ready", f"model {model.key} is {model.status.value}")
-    return _json({"name": model.name, "ready": True})
+    return json_answer({"name": model.name, "ready": True})
 
 
 async def model_metadata(request: Request, serving: Serving) -> Response:
     """The model's inputs and outputs: name, datatype and shape (-1: any size)."""
-    model = _served(serving, request)
-    if model.task == TRANSLATION:
-        inputs = [_tensor("text", "BYTES", [-1])]
-        outputs = [_tensor("translation", "BYTES", [-1]), _tensor("attention_id", "BYTES", [-1])]
-    else:
-        classifier = model.classifier
-        assert classifier is not None  # a ready classifier has one
-        inputs = [_tensor("images", "BYTES", [-1]), _tensor("pixels", "FP32", [-1, *classifier.input_shape])]
-        outputs = [_tensor("probabilities", "FP64", [-1, len(classifier.labels)])]
-        if classifier.attention is not None:
-            outputs.append(_tensor("attention_id", "BYTES", [-1]))
+    model = served_model(serving, request)
+    inputs, outputs = tensors(model)
     versions = list(serving.registry.versions[model.name])
-    return _json({"name": model.name, "versions": versions, "platform": PLATFORM, "inputs": inputs, "outputs": outputs})
-
-
-def _tensor(name: str, datatype: str, shape: list[int]) -> dict:
-    return {"name": name, "datatype": datatype, "shape": shape}
+    return json_answer(
+        {"name": model.name, "versions": versions, "platform": PLATFORM, "inputs": inputs, "outputs": outputs}
+    )
 
 
 async def infer(request: Request, serving: Serving) -> Response:
@@ -118,7 +108,7 @@ async def infer(request: Request, serving: Serving) -> Response:
     arrived = time.monotonic()
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise UnsupportedMediaType("compressed inference requests are not accepted; send them uncompressed")
-    model = _served(serving, request)
+    model = served_model(serving, request)
     with serving.registry.intake.receiving():
         req = oip.read_request(await request.body(), request.headers.get(oip.HEADER_LENGTH))
         deadline = request_deadline(request, serving.settings, oip_timeout(req.parameters), arrived=arrived)
@@ -253,7 +243,7 @@ async def repository_index(request: Request, serving: Serving) -> Response:
     entries = serving.lifecycle.index()
     if options.get("ready") is True:
         entries = [e for e in entries if e["state"] == "READY"]
-    return _json(entries)
+    return json_answer(entries)
 
 
 async def repository_load(request: Request, serving: Serving) -> Response:
@@ -261,13 +251,13 @@ async def repository_load(request: Request, serving: Serving) -> Response:
     service; answers when done. Unpinned requests move to a new version once it is ready, and the
     versions it replaces are unloaded after they drained."""
     await serving.lifecycle.load(request.path_params["name"])
-    return _json({})
+    return json_answer({})
 
 
 async def repository_unload(request: Request, serving: Serving) -> Response:
     """Stop routing to every version of the model, let them finish what they have, unload them."""
     await serving.lifecycle.unload(request.path_params["name"])
-    return _json({})
+    return json_answer({})
 
 
 _TENSOR = {
