@@ -2,11 +2,23 @@
 
 Queue wait and compute time are separate histograms because they call for different fixes: a long
 wait means too little capacity or too long a batching delay, a long compute means a slow model.
+They are also what the Open Inference Protocol's statistics extension answers
+(``service/statistics.py`` reads them back), so ``/metrics`` and ``/v2/models/stats`` cannot disagree.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import time
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Summary,
+    generate_latest,
+)
 
 # From 0.25 ms: single-image CPU inference of a small ViT takes about a millisecond.
 LATENCY_BUCKETS = (
@@ -75,6 +87,26 @@ class Metrics:
             "Images per onnxruntime run.",
             ["model", "version"],
             buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.executions = Summary(
+            "attnserve_execution_seconds",
+            "onnxruntime time of each execution by its batch size: a classifier batch (images) or a decoder step (rows).",
+            ["model", "version", "batch_size"],
+            registry=r,
+        )
+        self.model_requests = Histogram(
+            "attnserve_model_request_duration_seconds",
+            "Time from queueing a request on its model (a translation: each text) to its answer, by outcome: "
+            "`success`, or `fail` (failed batch, deadline, client gone, shutdown).",
+            ["model", "version", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.last_inference = Gauge(
+            "attnserve_last_inference_timestamp_seconds",
+            "When the model last answered a request successfully (Unix time).",
+            ["model", "version"],
             registry=r,
         )
         self.images = Counter("attnserve_images", "Images classified.", ["model", "version"], registry=r)
@@ -218,6 +250,7 @@ class ModelMetrics:
         self._dropped = metrics.dropped.labels(model, version)
         self._rejected = metrics.rejected.labels(model, version)
         self._failed = metrics.failed_batches.labels(model, version)
+        self._answers = Answers(metrics, model, version)
 
     def batch_started(self, images: int, queue_waits: list[float]) -> None:
         self._batch_size.observe(images)
@@ -226,6 +259,7 @@ class ModelMetrics:
 
     def batch_finished(self, images: int, compute_seconds: float, ok: bool) -> None:
         self._compute.observe(compute_seconds)
+        self._answers.executed(images, compute_seconds)
         if ok:
             self._images.inc(images)
         else:
@@ -239,6 +273,9 @@ class ModelMetrics:
 
     def rejected(self) -> None:
         self._rejected.inc()
+
+    def answered(self, seconds: float, ok: bool) -> None:
+        self._answers.answered(seconds, ok)
 
 
 class DecodeMetrics:
@@ -255,9 +292,11 @@ class DecodeMetrics:
         self._queue_wait = metrics.queue_wait.labels(model, version)
         self._dropped = metrics.dropped.labels(model, version)
         self._rejected = metrics.rejected.labels(model, version)
+        self._answers = Answers(metrics, model, version)
 
     def step(self, rows: int, seconds: float, tokens: int) -> None:
         self._step.observe(seconds)
+        self._answers.executed(rows, seconds)
         self._rows.observe(rows)
         self._tokens.inc(tokens)
 
@@ -276,6 +315,34 @@ class DecodeMetrics:
 
     def rejected(self) -> None:
         self._rejected.inc()
+
+    def answered(self, seconds: float, ok: bool) -> None:
+        self._answers.answered(seconds, ok)
+
+
+class Answers:
+    """What both engines report the same way: each execution by batch size, each request's outcome."""
+
+    def __init__(self, metrics: Metrics, model: str, version: str) -> None:
+        self._executions = metrics.executions
+        self._by_size: dict[int, Summary] = {}  # the labelled child of each batch size, resolved once
+        self._labels = (model, version)
+        self._success = metrics.model_requests.labels(model, version, "success")
+        self._fail = metrics.model_requests.labels(model, version, "fail")
+        self._last = metrics.last_inference.labels(model, version)
+
+    def executed(self, batch_size: int, seconds: float) -> None:
+        child = self._by_size.get(batch_size)
+        if child is None:
+            child = self._by_size[batch_size] = self._executions.labels(*self._labels, str(batch_size))
+        child.observe(seconds)
+
+    def answered(self, seconds: float, ok: bool) -> None:
+        if ok:
+            self._success.observe(seconds)
+            self._last.set(time.time())
+        else:
+            self._fail.observe(seconds)
 
 
 class AttentionStoreMetrics:

@@ -57,6 +57,7 @@ class BatchObserver(Protocol):
     def queue_depth(self, images: int) -> None: ...
     def dropped(self, requests: int) -> None: ...
     def rejected(self) -> None: ...
+    def answered(self, seconds: float, ok: bool) -> None: ...
 
 
 class BatchState:
@@ -313,10 +314,20 @@ class Batcher:
                 self._wake(self._idle[-1:])
         if deadline is not None:
             item.timer = loop.call_later(deadline - time.monotonic(), self._expire, item)
+        future.add_done_callback(self._answered_after(item.enqueued_at))
         if gone:
             self._observer.dropped(len(gone))
         self._observer.queue_depth(queued)
         return future
+
+    def _answered_after(self, enqueued_at: float) -> Callable[[asyncio.Future], None]:
+        """Reports how the request ended, however it ended (an answer, an error, cancelled), and when."""
+        observer = self._observer
+
+        def answered(future: asyncio.Future) -> None:
+            observer.answered(time.perf_counter() - enqueued_at, succeeded(future))
+
+        return answered
 
     def _expire(self, item: Pending) -> None:
         """The deadline passed: answer now. A queued request is dropped before compute; one whose batch is
@@ -462,6 +473,11 @@ class Batcher:
             if not p.future.done():
                 p.future.set_result(_rows(out, offset, offset + p.size))
             offset += p.size
+
+
+def succeeded(future: asyncio.Future) -> bool:
+    """Whether a done future holds an answer (not an error, not cancelled)."""
+    return not future.cancelled() and future.exception() is None
 
 
 def _rows(out: Any, start: int, stop: int) -> Any:

@@ -20,12 +20,14 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from contract.decoding import DecodeBatch, DecodeRequest, concatenate, step
 from service.engine.admission import Admission
+from service.engine.batching import succeeded
 from service.errors import InvalidField
 from service.observers import UNOBSERVED
 from service.translator import Translator
@@ -43,6 +45,7 @@ class DecodeObserver(Protocol):
     def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None: ...
     def cancelled(self) -> None: ...
     def rejected(self) -> None: ...
+    def answered(self, seconds: float, ok: bool) -> None: ...
 
 
 @dataclass(eq=False)
@@ -115,11 +118,24 @@ class Scheduler:
         if deadline is not None:
             for t in tickets:
                 t.timer = loop.call_later(deadline - time.monotonic(), self._expire, t)
+        for t in tickets:
+            t.future.add_done_callback(self._answered_after(t))
         self._waiting.extend(tickets)
         self.waiting_rows += rows
         self._observer.occupancy(self.running_rows, self.waiting_rows)
         self._wakeup.set()
         return tickets
+
+    def _answered_after(self, ticket: Ticket) -> Callable[[asyncio.Future], None]:
+        """Reports how the sentence ended (translated, failed, or cancelled: its client left or its deadline
+        passed) and when."""
+        observer = self._observer
+
+        def answered(future: asyncio.Future) -> None:
+            ok = succeeded(future) and not ticket.request.cancelled
+            observer.answered(time.perf_counter() - ticket.enqueued_at, ok)
+
+        return answered
 
     @property
     def idle(self) -> bool:

@@ -57,6 +57,9 @@ EXPORTED = {
     "attnserve_compute_seconds": ("histogram", {"model", "version"}),
     "attnserve_batch_size": ("histogram", {"model", "version"}),
     "attnserve_images": ("counter", {"model", "version"}),
+    "attnserve_execution_seconds": ("summary", {"model", "version", "batch_size"}),
+    "attnserve_model_request_duration_seconds": ("histogram", {"model", "version", "outcome"}),
+    "attnserve_last_inference_timestamp_seconds": ("gauge", {"model", "version"}),
     "attnserve_queue_images": ("gauge", {"model", "version"}),
     "attnserve_rejected_requests": ("counter", {"model", "version"}),
     "attnserve_dropped_requests": ("counter", {"model", "version"}),
@@ -88,10 +91,12 @@ def touch_everything(m: Metrics) -> None:
     batcher.queue_depth(0)
     batcher.dropped(1)
     batcher.rejected()
+    batcher.answered(0.002, ok=True)
     decoder = m.for_decoder("translator", "1")
     decoder.step(1, 0.001, 1)
     decoder.occupancy(1, 0)
     decoder.finished(1, 0.001, 0.001, 0.001)
+    decoder.answered(0.002, ok=False)
     store = m.for_attention_store()
     store.stored(1, 10)
     store.evicted("ttl")

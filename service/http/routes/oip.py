@@ -43,7 +43,7 @@ from service.registry import ServedModel, Status
 from service.schemas import ClassifyOptions, TranslateRequest
 from service.translator import TASK as TRANSLATION
 
-EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration")
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 DECODING_PARAMETERS = ("beam_size", "length_penalty", "num_return_sequences", "max_new_tokens", "return_attention")
 
 

@@ -1,15 +1,21 @@
-"""Triton's model configuration extension on a real server (``python -m service`` on the shipped models),
-read through the real ``tritonclient[http]``: what Triton's tools (perf_analyzer, model_analyzer) see."""
+"""Triton's model configuration and statistics extensions on a real server (``python -m service`` on the
+shipped models, on 127.0.0.1), read through the real ``tritonclient[http]``: what Triton's tools
+(perf_analyzer, model_analyzer) see. The server is this module's alone, so every count is this
+module's requests."""
 
 from __future__ import annotations
 
+import base64
+import time
+
 import httpx
+import numpy as np
 import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ROOT
-from tests.service.service_testing import serving
+from tests.service.service_testing import metric_value, serving
 
 SETTINGS = {"max_batch_size": 16, "max_queue_delay_ms": 3, "model_instances": 2, "max_running_sequences": 24}
 
@@ -75,4 +81,80 @@ def test_an_unknown_model_or_version_has_no_configuration(server, client, path):
     assert r.status_code == 404 and list(r.json()) == ["error"] and "is not loaded" in r.json()["error"]
     with pytest.raises(InferenceServerException, match="is not loaded") as e:
         client.get_model_config("vit", "9")
+    assert e.value.status() == "404"
+
+
+SAMPLE = (ROOT / "models" / "vit" / "1" / "sample-9-ankle-boot.png").read_bytes()
+
+
+def vit_stats(client, version: str = "") -> dict:
+    (stats,) = client.get_inference_statistics("vit", version)["model_stats"]
+    return stats
+
+
+def infer_images(client, count: int) -> None:
+    images = triton.InferInput("images", [count], "BYTES")
+    images.set_data_from_numpy(np.array([SAMPLE] * count, dtype=object))
+    client.infer("vit", [images])
+
+
+def test_statistics_count_every_image_request_and_batch_and_add_up_their_times(server, client):
+    before, started_ms = vit_stats(client), time.time() * 1000
+    infer_images(client, 2)
+    infer_images(client, 1)
+    native = httpx.post(server.url + "/classify", json={"images": [base64.b64encode(SAMPLE).decode()] * 3})
+    assert native.status_code == 200  # the native routes share the queue, and the statistics
+    after = vit_stats(client, "1")
+    assert (after["name"], after["version"]) == ("vit", "1")
+    assert after["inference_count"] - before["inference_count"] == 6  # images
+    assert after["execution_count"] - before["execution_count"] == 3  # one at a time: each request its own batch
+    stats, was = after["inference_stats"], before["inference_stats"]
+    for kind in ("success", "queue", "compute_infer"):
+        assert stats[kind]["count"] - was[kind]["count"] == 3, kind
+        assert stats[kind]["ns"] > was[kind]["ns"] >= 0, kind
+    assert stats["fail"] == was["fail"]
+    assert stats["success"]["ns"] - was["success"]["ns"] >= stats["compute_infer"]["ns"] - was["compute_infer"]["ns"]
+    assert stats["compute_input"] == stats["compute_output"] == {"count": 0, "ns": 0}  # not timed apart
+    batches = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
+    earlier = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}
+    assert {size: batches[size] - earlier.get(size, 0) for size in (1, 2, 3)} == {1: 1, 2: 1, 3: 1}
+    assert sum(b["compute_infer"]["ns"] for b in after["batch_stats"]) == stats["compute_infer"]["ns"]
+    assert started_ms <= after["last_inference"] <= time.time() * 1000
+
+
+def test_a_translation_counts_each_text_and_every_decoder_step(client):
+    (before,) = client.get_inference_statistics("translator")["model_stats"]
+    texts = triton.InferInput("text", [2], "BYTES")
+    texts.set_data_from_numpy(np.array(["Open the file.", "Save the current document."], dtype=object))
+    client.infer("translator", [texts])
+    (after,) = client.get_inference_statistics("translator")["model_stats"]
+    assert after["inference_count"] - before["inference_count"] == 2
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 2
+    assert after["execution_count"] - before["execution_count"] >= 3  # a decoder step per token, and the end
+    assert after["inference_stats"]["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]
+
+
+def test_the_statistics_are_the_metrics(server, client):
+    infer_images(client, 1)
+    everything = client.get_inference_statistics()["model_stats"]
+    assert sorted((s["name"], s["version"]) for s in everything) == sorted(
+        (m["name"], m["version"]) for m in httpx.get(server.url + "/models").json()["models"]
+    )
+    stats = vit_stats(client)
+    text = httpx.get(server.url + "/metrics").text
+    vit = {"model": "vit", "version": "1"}
+    assert stats["inference_count"] == metric_value(text, "attnserve_images_total", **vit)
+    assert stats["execution_count"] == metric_value(text, "attnserve_execution_seconds_count", **vit)
+    success = metric_value(text, "attnserve_model_request_duration_seconds_count", outcome="success", **vit)
+    assert stats["inference_stats"]["success"]["count"] == success
+    assert stats["inference_stats"]["queue"]["count"] == metric_value(text, "attnserve_queue_wait_seconds_count", **vit)
+    assert "statistics" in client.get_server_metadata()["extensions"]
+
+
+@pytest.mark.parametrize("path", ["/v2/models/nope/stats", "/v2/models/vit/versions/9/stats"])
+def test_an_unknown_model_or_version_has_no_statistics(server, client, path):
+    r = httpx.get(server.url + path)
+    assert r.status_code == 404 and list(r.json()) == ["error"] and "is not loaded" in r.json()["error"]
+    with pytest.raises(InferenceServerException, match="is not loaded") as e:
+        client.get_inference_statistics("nope")
     assert e.value.status() == "404"
