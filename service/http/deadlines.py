@@ -38,7 +38,14 @@ def request_deadline(
     ``arrived``: when the request came in (default: now; handlers ask before reading the body);
     ``asked_s``: a timeout the request's body asks for besides the header (the OIP parameter).
     """
-    asked = [s for s in (header_timeout(request), asked_s) if s is not None]
+    return deadline(settings, header_timeout(request), asked_s, arrived=arrived)
+
+
+def deadline(settings: Settings, *asked_s: float | None, arrived: float | None = None) -> float:
+    """The ``time.monotonic()`` deadline of a request that asks for the timeouts ``asked_s`` (None: not
+    asked): the shortest, capped at ``ATTNSERVE_MAX_REQUEST_TIMEOUT_S``; none: ``ATTNSERVE_REQUEST_TIMEOUT_S``.
+    Whatever the transport: REST (``request_deadline``) and gRPC (the call's deadline) both end here."""
+    asked = [s for s in asked_s if s is not None]
     seconds = min(*asked, settings.max_request_timeout_s) if asked else settings.request_timeout_s
     return (time.monotonic() if arrived is None else arrived) + seconds
 

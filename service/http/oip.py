@@ -10,51 +10,25 @@ Errors under ``/v2`` are the protocol's body, ``{"error": "..."}`` (``service.er
 from __future__ import annotations
 
 import json
-import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from starlette.responses import Response
 
 from service.errors import InvalidField, InvalidJSON
+from service.oip.tensors import (
+    NUMERIC,
+    InferRequest,
+    Output,
+    Tensor,
+    bytes_from_raw,
+    numeric_from_raw,
+    object_array,
+    to_raw,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
-NUMERIC = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-}
-
-
-@dataclass
-class Tensor:
-    name: str
-    datatype: str
-    shape: list[int]
-    data: np.ndarray  # numeric: of the datatype; BYTES: an object array of ``bytes``
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class InferRequest:
-    id: str | None
-    inputs: dict[str, Tensor]
-    parameters: dict[str, Any]
-    outputs: dict[str, dict[str, Any]]  # requested output name -> its parameters (empty: all outputs)
-
-    def wants_binary(self, output: str) -> bool:
-        params = self.outputs.get(output, {})
-        return bool(params.get("binary_data", self.parameters.get("binary_data_output", False)))
+__all__ = ["NUMERIC", "InferRequest", "Tensor", "json_object", "read_request", "write_response"]
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -135,7 +109,7 @@ def _read_input(spec: Any, index: int, binary: memoryview) -> tuple[Tensor, int]
         if not isinstance(size, int) or size < 0 or size > len(binary):
             raise InvalidField(f"input {name!r}: binary_data_size {size!r} exceeds the binary data left")
         raw = bytes(binary[:size])
-        data = _bytes_elements(raw, name) if datatype == "BYTES" else _numeric_raw(raw, datatype, name)
+        data = bytes_from_raw(raw, name) if datatype == "BYTES" else numeric_from_raw(raw, datatype, name)
         used = size
     else:
         if "data" not in spec:
@@ -144,28 +118,7 @@ def _read_input(spec: Any, index: int, binary: memoryview) -> tuple[Tensor, int]
         used = 0
     if data.size != count:
         raise InvalidField(f"input {name!r}: shape {shape} needs {count} elements, the data has {data.size}")
-    return Tensor(name, datatype, shape, data.reshape(shape), params), used
-
-
-def _numeric_raw(raw: bytes, datatype: str, name: str) -> np.ndarray:
-    dtype = NUMERIC[datatype]
-    if len(raw) % dtype.itemsize:
-        raise InvalidField(f"input {name!r}: {len(raw)} bytes is not a whole number of {datatype} elements")
-    return np.frombuffer(raw, dtype)
-
-
-def _bytes_elements(raw: bytes, name: str) -> np.ndarray:
-    out, offset = [], 0
-    while offset < len(raw):
-        if offset + 4 > len(raw):
-            raise InvalidField(f"input {name!r}: a BYTES element's 4-byte length is cut off")
-        (length,) = struct.unpack_from("<I", raw, offset)
-        offset += 4
-        if offset + length > len(raw):
-            raise InvalidField(f"input {name!r}: a BYTES element of {length} bytes runs past the data")
-        out.append(raw[offset : offset + length])
-        offset += length
-    return _object_array(out)
+    return Tensor(name, datatype, shape, data.reshape(shape), params, raw=size is not None), used
 
 
 def _json_elements(data: Any, datatype: str, name: str) -> np.ndarray:
@@ -173,7 +126,7 @@ def _json_elements(data: Any, datatype: str, name: str) -> np.ndarray:
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in flat):
             raise InvalidField(f"input {name!r}: BYTES data in JSON must be strings")
-        return _object_array([v.encode() for v in flat])
+        return object_array([v.encode() for v in flat])
     if not all(isinstance(v, (int, float)) and (datatype == "BOOL") == isinstance(v, bool) for v in flat):
         raise InvalidField(f"input {name!r}: {datatype} data must be {'booleans' if datatype == 'BOOL' else 'numbers'}")
     try:
@@ -191,21 +144,13 @@ def _flatten(data: Any) -> list:
     return out
 
 
-def _object_array(items: list) -> np.ndarray:
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
-
-
-def write_response(
-    request: InferRequest, model: str, version: str, outputs: list[tuple[str, str, np.ndarray]]
-) -> Response:
+def write_response(request: InferRequest, model: str, version: str, outputs: list[Output]) -> Response:
     """``(name, datatype, array)`` outputs as the protocol's answer, each as JSON or binary as asked."""
     described, chunks = [], []
     for name, datatype, array in outputs:
         out: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if request.wants_binary(name):
-            raw = _bytes_raw(array) if datatype == "BYTES" else np.ascontiguousarray(array, NUMERIC[datatype]).tobytes()
+            raw = to_raw(array, datatype)
             out["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         elif datatype == "BYTES":
@@ -224,11 +169,3 @@ def write_response(
         media_type="application/octet-stream",
         headers={"Inference-Header-Content-Length": str(len(header))},
     )
-
-
-def _bytes_raw(array: np.ndarray) -> bytes:
-    parts = []
-    for v in array.ravel():
-        b = v if isinstance(v, bytes) else str(v).encode()
-        parts += [struct.pack("<I", len(b)), b]
-    return b"".join(parts)

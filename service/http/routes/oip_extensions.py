@@ -13,31 +13,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.http.common import JSON_TYPE
-from service.http.model_config import model_config
 from service.http.router import Route
 from service.http.routes.oip import json_answer, served_model
 from service.http.serving import Serving
-from service.statistics import model_statistics
+from service.oip import operations
 
 
 async def model_configuration(request: Request, serving: Serving) -> Response:
     """Triton's model configuration (``model_config.proto`` as JSON): tensors, batching, instances."""
-    model = served_model(serving, request)
-    policy = serving.registry.policies[model.name]
-    return json_answer(model_config(model, policy, serving.settings))
+    return json_answer(operations.model_configuration(serving, served_model(serving, request)))
 
 
 async def statistics(request: Request, serving: Serving) -> Response:
     """Inference, execution and batch statistics since the service started, as Triton's ``ModelStatistics``."""
-    if "name" not in request.path_params:
-        models = serving.registry.all()
-    elif "version" in request.path_params:
-        models = [served_model(serving, request, ready=False)]
-    else:
-        served_model(serving, request, ready=False)  # 404 when unknown
-        models = list(serving.registry.versions[request.path_params["name"]].values())
-    stats = model_statistics(serving.metrics, [(m.name, m.version, m.task) for m in models])
-    return json_answer({"model_stats": stats})
+    name, version = request.path_params.get("name"), request.path_params.get("version")
+    return json_answer({"model_stats": operations.statistics(serving, name, version)})
 
 
 _CONFIG = {JSON_TYPE: {"schema": {"type": "object", "required": ["name", "platform", "max_batch_size", "input", "output"]}}}  # fmt: skip

@@ -22,7 +22,7 @@ from contract.decoding import DecodeRequest
 from service.attention.capture import store_records, translation_record, translation_summary
 from service.engine.scheduler import Scheduler, Ticket
 from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType, error_body
-from service.http.common import JSON_TYPE, KeyedStore, answer_or_disconnect, attention_store, parse_json_body
+from service.http.common import JSON_TYPE, Caller, KeyedStore, attention_store, http_caller, parse_json_body
 from service.http.deadlines import count_exceeded, request_deadline
 from service.http.openapi import REF
 from service.http.router import Route
@@ -47,7 +47,7 @@ async def translate(request: Request, serving: Serving) -> Response:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    result = await translate_texts(request, serving, served, body, deadline)
+    result = await translate_texts(http_caller(request), serving, served, body, deadline)
     return Response(json.dumps(result, ensure_ascii=False).encode(), media_type=JSON_TYPE)
 
 
@@ -75,7 +75,7 @@ def decode_requests(
 
 
 async def translate_texts(
-    request: Request, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
+    caller: Caller, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
 ) -> dict:
     """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed request."""
     translator, scheduler, requests = decode_requests(served, serving.settings, body)
@@ -85,8 +85,8 @@ async def translate_texts(
         for t in tickets:
             t.cancel()
 
-    await answer_or_disconnect(asyncio.gather(*(t.future for t in tickets)), request.receive, abandon)
-    store = attention_store(request, serving.attention) if body.return_attention else None
+    await caller.wait(asyncio.gather(*(t.future for t in tickets)), abandon)
+    store = caller.store(serving.attention) if body.return_attention else None
     return await answer(translator, tickets, body.num_return_sequences > 1, store)
 
 
