@@ -67,6 +67,13 @@ class Settings(BaseSettings):
     # --- server -----------------------------------------------------------------------------
     host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (0.0.0.0 in a container).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
+    grpc_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="TCP port of the Open Inference Protocol over gRPC (Triton's `inference.GRPCInferenceService`, "
+        "on `host`); 0: no gRPC server.",
+    )
     workers: int = Field(
         1, ge=1, le=64, description="uvicorn worker processes; each loads its own copy of every model."
     )
@@ -248,6 +255,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
         problems = []
+        if self.grpc_port == self.port:
+            problems.append(f"grpc_port must differ from port ({self.port})")
         if self.max_body_bytes > MAX_BODY_CEILING:
             problems.append(f"max_body_bytes {self.max_body_bytes} exceeds the ceiling {MAX_BODY_CEILING}")
         if self.max_image_bytes > self.max_body_bytes:

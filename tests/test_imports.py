@@ -3,7 +3,7 @@
 - ``contract`` is what the others agree on: it imports none of them, and no torch;
 - ``model`` (training) and ``export`` use the contract, never the server; ``model`` never the exporter;
 - ``service`` never imports torch, ``model`` or ``export`` (tests/service/test_no_torch.py checks the
-  same at run time);
+  same at run time), nor ``tritonclient``, a client library it is tested with;
 - the client SDK is installed on its own and imports nothing of this repository.
 """
 
@@ -21,7 +21,7 @@ FORBIDDEN = {
     "contract": {"model", "export", "service", "torch", "onnx", "benchmarks"},
     "model": {"service", "export"},
     "export": {"service"},
-    "service": {"torch", "model", "export", "onnx", "transformers", "benchmarks"},
+    "service": {"torch", "model", "export", "onnx", "transformers", "benchmarks", "tritonclient"},
     "client": REPOSITORY_PACKAGES - {"attnserve_client"},
 }
 

@@ -85,6 +85,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     store = create_store(settings, app.state.metrics.for_attention_store())
     lifecycle = Lifecycle(registry)
     app.state.serving = Serving(settings, app.state.metrics, registry, app.state.decoder, store, lifecycle)
+    grpc_server = None
+    if settings.grpc_port:  # imported only when served: grpcio stays out of a process that never uses it
+        from service.grpc import server as grpc_serving
+
+        grpc_server = await grpc_serving.start(app.state.serving, app.http_router.keys)
     loading = asyncio.create_task(registry.load(), name="load-models")
     if settings.repository_poll_s > 0:
         lifecycle.start_polling(settings.repository_poll_s)
@@ -92,6 +97,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        if grpc_server is not None:  # calls in flight finish while the engines still run
+            await grpc_serving.stop(grpc_server)
         registry.stop_loading()
         loading.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -2,7 +2,7 @@
 
 Run for real, against ``python -m service`` on the shipped models (the ``server`` fixture) from a
 folder holding ``shoe.png`` (``workdir``), with ``http://127.0.0.1:8000`` / ``localhost:8000``
-pointed at that server:
+pointed at that server (and ``127.0.0.1:8001`` at its gRPC server):
 
 - every ``python`` block, in a fresh interpreter;
 - every ``curl``, ``cp`` and ``attnserve-client`` line of a ``bash`` block, in order, in one bash
@@ -36,6 +36,7 @@ from tests.docs.markdown import DOCS, Block, blocks, code_spans, commands, docum
 from tests.service.service_testing import ROOT
 
 DOC_URL, DOC_HOST = "http://127.0.0.1:8000", ("127.0.0.1:8000", "localhost:8000")
+DOC_GRPC = ("127.0.0.1:8001", "localhost:8001")
 LANGUAGES = {"bash", "python", "json", "text"}  # every block says what it is; bash and python are run or checked
 LIVE = ("curl", "cp", "attnserve-client")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -65,10 +66,13 @@ def static_lines() -> list[tuple[str, str]]:
     return found
 
 
-def at_server(text: str, url: str) -> str:
-    text = text.replace(DOC_URL, url)
+def at_server(text: str, server) -> str:
+    """``text`` with the docs' addresses (HTTP on 8000, gRPC on 8001) pointed at ``server``."""
+    text = text.replace(DOC_URL, server.url)
     for host in DOC_HOST:
-        text = text.replace(host, url.removeprefix("http://"))
+        text = text.replace(host, server.url.removeprefix("http://"))
+    for host in DOC_GRPC:
+        text = text.replace(host, server.grpc)
     return text
 
 
@@ -84,7 +88,7 @@ def test_every_block_says_its_language():
 def test_python_blocks_run(block, server, workdir):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "ATTNSERVE_BASE_URL": server.url}
     proc = subprocess.run(
-        [sys.executable, "-c", at_server(block.code, server.url)],
+        [sys.executable, "-c", at_server(block.code, server)],
         cwd=workdir,
         env=env,
         capture_output=True,
@@ -104,7 +108,7 @@ attnserve-client() {{ {shlex.quote(sys.executable)} -m attnserve_client "$@"; }}
 
 @pytest.mark.parametrize("block", [b for b in SHELL_BLOCKS if live_lines(b)], ids=lambda b: b.id)
 def test_shell_commands_run(block, server, workdir):
-    script = SHELL_PRELUDE + "\n".join(at_server(line, server.url) for line in live_lines(block)) + "\n"
+    script = SHELL_PRELUDE + "\n".join(at_server(line, server) for line in live_lines(block)) + "\n"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "ATTNSERVE_BASE_URL": server.url}
     proc = subprocess.run(
         ["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=180, check=False

@@ -31,6 +31,7 @@ STARTUP_TIMEOUT_S = 60.0
 # Settings every test server uses unless a test overrides them: one onnxruntime thread leaves a
 # core for the test client on a 2-core machine.
 BASE_ENV = {
+    "ATTNSERVE_GRPC_PORT": "0",  # no gRPC server unless a test asks for one (on a free port)
     "ATTNSERVE_INTRA_OP_THREADS": "1",
     "ATTNSERVE_MAX_BATCH_SIZE": "16",
     "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "16",
@@ -77,6 +78,7 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 class Server:
     url: str
     log_path: Path | None = None
+    grpc: str | None = None  # host:port of its gRPC server, when it runs one
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30.0, **kwargs)
@@ -132,7 +134,8 @@ def start_subprocess_server(tmp_path: Path, repository: Path, **settings: str) -
     log_file = open(log_path, "w")  # noqa: SIM115 - owned by the process, closed with it
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
     log_file.close()
-    return SubprocessServer(url=f"http://127.0.0.1:{port}", log_path=log_path, proc=proc)
+    grpc = f"127.0.0.1:{settings['grpc_port']}" if int(settings.get("grpc_port", 0)) else None
+    return SubprocessServer(url=f"http://127.0.0.1:{port}", log_path=log_path, grpc=grpc, proc=proc)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,146 @@
+"""What every gRPC call shares with an HTTP request: its API key, deadline, metrics, access log and errors.
+
+- Keys: ``authorization: Bearer <key>`` metadata, checked as the header is (``service/http/auth.py``);
+  the calls the HTTP side leaves open (``ServerLive``, ``ServerReady``) are open here too.
+- Deadlines: the call's gRPC deadline counts as ``X-Request-Timeout`` does; with the OIP ``timeout``
+  parameter too, the shorter (``service/http/deadlines.py``).
+- Metrics and the access log: a call counts in ``attnserve_http_requests`` and its latency histogram
+  under the route ``grpc:<Method>`` and method ``GRPC``, with the HTTP status its outcome would have
+  had, so one dashboard covers both; ``x-request-id`` metadata is the request id, and comes back in
+  the trailing metadata.
+- Errors: a ``ServiceError`` ends the call with the gRPC code of its HTTP status (``CODES``) and its
+  message; ``Retry-After`` comes back as ``retry-after`` trailing metadata. Anything unexpected is
+  logged and answered ``INTERNAL`` without a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from service.errors import DeadlineExceeded, ServiceError, log_server_error
+from service.http.auth import Keys
+from service.http.serving import Serving
+from service.logs import AccessLog, bind_request_id, unbind_request_id
+
+access = logging.getLogger("attnserve.access")
+log = logging.getLogger("attnserve.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ABORTED,  # a load or unload of the model is under way
+    413: grpc.StatusCode.INVALID_ARGUMENT,  # an image or text too large: retrying cannot help
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.UNAVAILABLE,
+    499: grpc.StatusCode.CANCELLED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,  # a full queue or a model not ready: Triton's answer, worth a retry
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+INTERNAL_MESSAGE = "internal server error; the request id identifies it in the logs"
+
+
+def status_code(http_status: int) -> grpc.StatusCode:
+    """The gRPC code of an error the HTTP side answers with ``http_status``."""
+    return CODES.get(http_status, grpc.StatusCode.INVALID_ARGUMENT if http_status < 500 else grpc.StatusCode.INTERNAL)
+
+
+class Calls:
+    """The running service as the RPCs see it: its parts, the accepted keys, the access log."""
+
+    def __init__(self, serving: Serving, keys: Keys | None) -> None:
+        self.serving = serving
+        self.keys = keys
+        self.access_log = AccessLog(access) if serving.settings.access_log else None
+
+    def authenticate(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The presented key's fingerprint (None: keys are off); 401 without an accepted one."""
+        if self.keys is None:
+            return None
+        metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        return self.keys.check(metadata.get("authorization"))
+
+    def observe(self, method: str, status: int, started: float, context: Any, request_id: str, key_id: str | None):
+        elapsed = time.perf_counter() - started
+        self.serving.metrics.observe_request(f"grpc:{method}", "GRPC", status, elapsed)
+        if self.access_log:
+            peer = context.peer() if context is not None else None
+            level = logging.DEBUG if method in ("ServerLive", "ServerReady") else logging.INFO
+            self.access_log.log(
+                level, "GRPC", f"/{SERVICE}/{method}", status, round(elapsed * 1000, 3), peer, request_id, key_id
+            )
+
+
+async def wait(answer: asyncio.Future, abandon: Callable[[], None]) -> Any:
+    """The answer; when the call is cancelled first (client gone, deadline), the work is abandoned."""
+    try:
+        return await answer
+    except asyncio.CancelledError:
+        abandon()
+        raise
+
+
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext, str | None], Awaitable[Any]]
+
+
+def rpc(method: str, open_access: bool = False) -> Callable[[Handler], Callable]:
+    """A unary RPC ``handler(self, request, context, key_id)``, with keys, metrics, log and errors around it."""
+
+    def wrap(handler: Handler) -> Callable:
+        @functools.wraps(handler)
+        async def call(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            calls: Calls = self.calls
+            started = time.perf_counter()
+            metadata = dict(context.invocation_metadata() or ())
+            request_id, token = bind_request_id(metadata.get("x-request-id"))
+            status, key_id = 500, None
+            try:
+                if not open_access:
+                    key_id = calls.authenticate(context)
+                answer = await handler(self, request, context, key_id)
+                status = 200
+                context.set_trailing_metadata((("x-request-id", request_id),))
+                return answer
+            except ServiceError as e:
+                status = e.status
+                await abort(calls, context, e, method, request_id)
+            except asyncio.CancelledError:
+                status = 499
+                raise
+            except Exception:
+                log.exception("unhandled exception in %s", method)
+                await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, (("x-request-id", request_id),))
+            finally:
+                calls.observe(method, status, started, context, request_id, key_id)
+                unbind_request_id(token)
+
+        return call
+
+    return wrap
+
+
+def failed(calls: Calls, error: ServiceError, method: str) -> None:
+    """Log a 5xx error and count a deadline exceeded, as the HTTP router does."""
+    log_server_error(error)
+    if isinstance(error, DeadlineExceeded):
+        calls.serving.metrics.deadline_exceeded(f"grpc:{method}")
+
+
+async def abort(calls: Calls, context: grpc.aio.ServicerContext, error: ServiceError, method: str, request_id: str):
+    """End the call with ``error``'s gRPC code and message (raises, as ``context.abort`` does)."""
+    failed(calls, error, method)
+    trailing = [("x-request-id", request_id)]
+    if "Retry-After" in error.headers:
+        trailing.append(("retry-after", error.headers["Retry-After"]))
+    await context.abort(status_code(error.status), error.message, tuple(trailing))
