@@ -413,7 +413,11 @@ STEPS = {"prepare": run_prepare, "plan": run_plan, "assemble": run_assemble, "ve
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.stage_ort_gpu", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m deploy.stage_ort_gpu",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--stage", type=Path, default=STAGE, help="stage folder (default: %(default)s)")
     sub = p.add_subparsers(dest="step", required=True)
 
@@ -443,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     ver.add_argument("--no-model", action="store_true", help="only import it and list its providers")
     ver.add_argument("--require-cuda", action="store_true", help="fail when the session falls back to the CPU")
     ver.add_argument("--atol", type=float, default=2e-2, help="largest |CUDA - CPU| (default: %(default)s)")
+    p.epilog = "".join(parser.format_usage() for parser in sub.choices.values())  # every step's options
     args = p.parse_args(argv)
     try:
         return STEPS[args.step](args)
