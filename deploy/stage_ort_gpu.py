@@ -112,7 +112,8 @@ def prepare(args: argparse.Namespace) -> dict:
             }
         stream = compress_tree(Path(tmp), files, args.xz_preset)
     chunks = write_chunks(stream, stage / "chunks", args.chunk_mib * MIB)
-    name, version, python_tag, _abi, platform = wheel.name.removesuffix(".whl").split("-")
+    parts = wheel.name.removesuffix(".whl").split("-")  # name-version[-build]-python-abi-platform
+    name, version, python_tag, platform = parts[0], parts[1], parts[-3], parts[-1]
     manifest = {
         "format": 1,
         "package": name.replace("_", "-"),
@@ -345,10 +346,10 @@ def verify(site: Path, model: Path | None, require_cuda: bool, atol: float) -> V
         f"onnxruntime {info['version']} ({built}) from {info['file']}",
         f"available providers: {info['providers']} (a provider compiled in is listed whether or not it can run here)",
     ]
-    if not Path(info["file"]).resolve().is_relative_to(site.resolve()):
+    if not Path(info["file"]).resolve().is_relative_to(site):
         problems.append(f"onnxruntime was imported from {info['file']}, not from {site}")
     if model is None:
-        return Verdict(lines, problems)
+        return Verdict(lines, [*problems, *(["--require-cuda needs a model to run: --model"] if require_cuda else [])])
     if "session_error" in info:
         return Verdict(lines, [*problems, f"{model.name}: {info['session_error']}"])
     on_cuda = info["session_providers"][0] == "CUDAExecutionProvider"

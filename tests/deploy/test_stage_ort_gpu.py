@@ -211,6 +211,8 @@ def test_prepare_assemble_verify(staged, wheel, tmp_path):
     proc = stage_cli(stage, "verify", "--require-cuda")
     assert proc.returncode == 1 and "does not run on CUDAExecutionProvider" in proc.stderr
     assert "this onnxruntime has no CUDA provider" in proc.stdout
+    proc = stage_cli(stage, "verify", "--require-cuda", "--no-model")  # nothing run: CUDA not shown to work
+    assert proc.returncode == 1 and "--require-cuda needs a model to run" in proc.stderr
 
 
 @pytest.mark.parametrize(
