@@ -7,12 +7,18 @@ takes messages up to ``ATTNSERVE_MAX_BODY_BYTES`` (gRPC itself refuses larger on
 ``RESOURCE_EXHAUSTED``). With several uvicorn workers, each binds the port with ``SO_REUSEPORT`` and
 the kernel spreads the connections, as it does HTTP's; with one, the port is its alone, so a second
 server on the same port fails instead of sharing it. At shutdown it stops taking calls and lets
-those in flight finish (``GRACE_S``, as uvicorn's graceful shutdown) before the engines stop.
+those in flight finish (``GRACE_S``, as uvicorn's graceful shutdown) before the engines stop; the
+signal that starts uvicorn's shutdown starts gRPC's too (``stop_with_uvicorn``), so both drain at
+once and the process ends within one grace period, inside a container's stop timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import threading
+import weakref
 
 import grpc
 
@@ -46,10 +52,47 @@ async def start(serving: Serving, keys: Keys | None) -> grpc.aio.Server:
     return server
 
 
+_stopping: weakref.WeakKeyDictionary[grpc.aio.Server, asyncio.Task] = weakref.WeakKeyDictionary()
+
+
+def begin_stop(server: grpc.aio.Server) -> asyncio.Task:
+    """Start stopping ``server``, once however often asked; the task ends when it has stopped."""
+    task = _stopping.get(server)
+    if task is None:
+        task = _stopping[server] = asyncio.get_running_loop().create_task(_stop(server), name="grpc-stop")
+    return task
+
+
 async def stop(server: grpc.aio.Server) -> None:
     """Refuse new calls, let those in flight finish (at most ``GRACE_S``), then close."""
+    await begin_stop(server)
+
+
+async def _stop(server: grpc.aio.Server) -> None:
     await server.stop(GRACE_S)
     log.info("gRPC server stopped")
+
+
+def stop_with_uvicorn(server: grpc.aio.Server) -> None:
+    """Begin ``stop`` when SIGTERM or SIGINT reaches uvicorn, not after uvicorn has drained HTTP.
+
+    uvicorn handles both signals with ``signal.signal`` in the main thread while it serves (as
+    ``python -m service`` runs it); each handler is wrapped to schedule the stop and then call
+    uvicorn's. Elsewhere (uvicorn in a thread, as some tests run it) the lifespan's stop is the only one.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if not callable(previous):  # not uvicorn's: nothing to chain to
+            continue
+
+        def handler(signum, frame, previous=previous):
+            loop.call_soon_threadsafe(begin_stop, server)
+            previous(signum, frame)
+
+        signal.signal(sig, handler)
 
 
 def _host(host: str) -> str:

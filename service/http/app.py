@@ -90,6 +90,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from service.grpc import server as grpc_serving
 
         grpc_server = await grpc_serving.start(app.state.serving, app.http_router.keys)
+        grpc_serving.stop_with_uvicorn(grpc_server)
     loading = asyncio.create_task(registry.load(), name="load-models")
     if settings.repository_poll_s > 0:
         lifecycle.start_polling(settings.repository_poll_s)
