@@ -33,7 +33,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir '.[cpu]'
 FROM ${PYTHON_IMAGE} AS cpu
 ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/app PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     MPLCONFIGDIR=/tmp/matplotlib \
-    ATTNSERVE_HOST=0.0.0.0 ATTNSERVE_PORT=8000 ATTNSERVE_MODEL_REPOSITORY=/models
+    ATTNSERVE_HOST=0.0.0.0 ATTNSERVE_PORT=8000 ATTNSERVE_GRPC_PORT=8001 ATTNSERVE_MODEL_REPOSITORY=/models
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin attnserve
 COPY --from=build-cpu /opt/venv /opt/venv
 COPY --from=models /models /models
@@ -43,7 +43,7 @@ COPY service service
 COPY deploy/__init__.py deploy/gpu_check.py deploy/
 COPY benchmarks/translate_sentences.txt benchmarks/
 USER 10001
-EXPOSE 8000
+EXPOSE 8000 8001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('ATTNSERVE_PORT', '8000'), timeout=2)"]
 CMD ["python", "-m", "service"]
@@ -67,7 +67,7 @@ FROM ${CUDA_IMAGE} AS gpu
 RUN apt-get update && apt-get install -y --no-install-recommends python3 && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/app PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     MPLCONFIGDIR=/tmp/matplotlib \
-    ATTNSERVE_HOST=0.0.0.0 ATTNSERVE_PORT=8000 ATTNSERVE_MODEL_REPOSITORY=/models
+    ATTNSERVE_HOST=0.0.0.0 ATTNSERVE_PORT=8000 ATTNSERVE_GRPC_PORT=8001 ATTNSERVE_MODEL_REPOSITORY=/models
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin attnserve
 COPY --from=build-gpu /opt/venv /opt/venv
 COPY --from=models /models /models
@@ -77,7 +77,7 @@ COPY service service
 COPY deploy/__init__.py deploy/gpu_check.py deploy/
 COPY benchmarks/translate_sentences.txt benchmarks/
 USER 10001
-EXPOSE 8000
+EXPOSE 8000 8001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('ATTNSERVE_PORT', '8000'), timeout=2)"]
 CMD ["python", "-m", "service"]

@@ -50,6 +50,7 @@ CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 OWN_SETTINGS = {
     "ATTNSERVE_HOST",
     "ATTNSERVE_PORT",
+    "ATTNSERVE_GRPC_PORT",
     "ATTNSERVE_MODEL_REPOSITORY",
     "ATTNSERVE_EXECUTION_PROVIDER",
     "ATTNSERVE_REQUIRE_GPU",
@@ -167,6 +168,7 @@ def start_service(label: str, repository: Path, provider: str, log_dir: Path) ->
         {
             "ATTNSERVE_HOST": "127.0.0.1",
             "ATTNSERVE_PORT": str(port),
+            "ATTNSERVE_GRPC_PORT": "0",  # HTTP is what it checks; two services at once would share 8001
             "ATTNSERVE_MODEL_REPOSITORY": str(repository),
             "ATTNSERVE_EXECUTION_PROVIDER": "cuda" if provider == CUDA else "cpu",
             "ATTNSERVE_REQUIRE_GPU": "true" if provider == CUDA else "false",

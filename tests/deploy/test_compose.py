@@ -111,7 +111,7 @@ def test_api_settings_are_real_settings(services, name, monkeypatch):
     redis = urlparse(settings.redis_url)
     assert redis.scheme == "redis" and redis.hostname in services and redis.port == 6379
     # published on the port the service listens on
-    assert services[name]["ports"] == [f"8000:{settings.port}"]
+    assert services[name]["ports"] == [f"8000:{settings.port}", f"8001:{settings.grpc_port}"]
     # the models volume is mounted where the service reads its repository, from a real repository
     (volume,) = services[name]["volumes"]
     source, target, mode = re.sub(r"\$\{MODELS_DIR:-([^}]+)\}", r"\1", volume).split(":")

@@ -111,8 +111,11 @@ def wait_ready(url: str, timeout: float, alive=lambda: True) -> float:
     raise AssertionError(f"{url}/readyz did not answer 200 within {timeout} s")
 
 
-def run_api(engine, image: str, name: str, port: int) -> str:
-    engine.docker("run", "-d", "--name", name, "--network", "host", "-e", f"ATTNSERVE_PORT={port}", image)
+def run_api(engine, image: str, name: str, port: int, grpc_port: int = 0) -> str:
+    """Start the service in a container on the host's network, HTTP on ``port`` (gRPC on ``grpc_port``,
+    0: off), and wait until it is ready."""
+    env = ["-e", f"ATTNSERVE_PORT={port}", "-e", f"ATTNSERVE_GRPC_PORT={grpc_port}"]
+    engine.docker("run", "-d", "--name", name, "--network", "host", *env, image)
     url = f"http://127.0.0.1:{port}"
     running = lambda: engine.inspect("container", name)["State"]["Running"]
     try:
@@ -124,8 +127,9 @@ def run_api(engine, image: str, name: str, port: int) -> str:
 
 @pytest.fixture(scope="module")
 def api(engine, cpu_image):
-    url = run_api(engine, cpu_image[0], "attnserve-api", free_port())
-    yield "attnserve-api", url
+    grpc_port = free_port()
+    url = run_api(engine, cpu_image[0], "attnserve-api", free_port(), grpc_port)
+    yield "attnserve-api", url, grpc_port
     engine.docker("rm", "-f", "attnserve-api", check=False)
 
 
@@ -147,7 +151,7 @@ def test_legacy_build_of_the_cpu_target_builds_only_its_stages(engine, cpu_image
 
 
 def test_container_serves_both_models_and_their_attention(api):
-    _, url = api
+    _, url, _ = api
     with httpx.Client(base_url=url, timeout=30) as http:
         models = {m["name"]: m for m in http.get("/models").json()["models"]}
         assert {"vit", "translator"} <= set(models)
@@ -165,8 +169,27 @@ def test_container_serves_both_models_and_their_attention(api):
         assert http.get("/missing").json()["error"]["code"] == "not_found"
 
 
+def classify_over_grpc(address: str) -> list[str]:
+    """The top-3 labels of the sample image, asked with NVIDIA's tritonclient over gRPC."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(address)
+    assert client.is_server_ready() and client.is_model_ready("vit")
+    images = grpcclient.InferInput("images", [1], "BYTES")
+    images.set_data_from_numpy(np.array([SAMPLE.read_bytes()], dtype=object))
+    top = grpcclient.InferRequestedOutput("probabilities", class_count=3)
+    row = client.infer("vit", [images], outputs=[top]).as_numpy("probabilities")[0]
+    return [v.decode().split(":")[-1] for v in row]
+
+
+def test_container_answers_grpc(api):
+    _, _, grpc_port = api
+    assert classify_over_grpc(f"127.0.0.1:{grpc_port}")[0] == "Ankle boot"
+
+
 def test_container_runs_as_the_unprivileged_user(engine, api):
-    name, _ = api
+    name, _, _ = api
     assert engine.inspect("container", name)["Config"]["User"] == "10001"
     assert engine.docker("exec", name, "id", "-u").stdout.strip() == "10001"
     # the service process itself (pid 1), not just a shell started beside it
@@ -175,7 +198,7 @@ def test_container_runs_as_the_unprivileged_user(engine, api):
 
 
 def test_healthcheck_turns_healthy(engine, api):
-    name, _ = api
+    name, _, _ = api
     deadline = time.monotonic() + 60
     while (health := engine.inspect("container", name)["State"]["Health"])["Status"] != "healthy":
         assert health["Status"] == "starting" and time.monotonic() < deadline, health
@@ -184,7 +207,7 @@ def test_healthcheck_turns_healthy(engine, api):
 
 
 def test_memory_of_a_serving_container(engine, api):
-    name, _ = api
+    name, _, _ = api
     stats = json.loads(engine.docker("stats", "--no-stream", "--format", "{{json .}}", name).stdout)
     used = stats["MemUsage"].split("/")[0].strip()
     FIGURES["cpu container memory"] = used
@@ -292,11 +315,12 @@ def compose(engine, *args: str, file, timeout: float = 300, check: bool = True):
     return proc
 
 
-def published(service: dict) -> int:
-    """The port the host reaches the service on: the published port, served on the host's network at
-    the container's port."""
-    (port,) = service["ports"]
-    return int(port["target"])
+def published(service: dict, setting: str) -> int:
+    """The port the host reaches the service's ``setting`` port on: the one published for the port the
+    service listens on, which on the host's network is the container's port itself."""
+    listens = int(service["environment"][setting])
+    (port,) = [int(p["target"]) for p in service["ports"] if int(p["target"]) == listens]
+    return port
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +331,10 @@ def stack(engine, cpu_image):
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     config = yaml.safe_load(resolved)
-    ports = {"api": published(config["services"]["api-cpu"]), "prometheus": published(config["services"]["prometheus"])}
+    api = config["services"]["api-cpu"]
+    ports = {"api": published(api, "ATTNSERVE_PORT"), "grpc": published(api, "ATTNSERVE_GRPC_PORT")}
+    (prometheus,) = config["services"]["prometheus"]["ports"]
+    ports["prometheus"] = int(prometheus["target"])
     config, names = host_network_variant(config)
     for port in [*ports.values(), 6379]:
         with socket.socket() as s:
@@ -334,6 +361,7 @@ def test_compose_stack_serves_both_models(stack):
     models = httpx.get(f"{stack['url']}/models", timeout=10).json()["models"]
     assert {(m["name"], m["provider"]) for m in models} >= {("vit", "CPUExecutionProvider")}
     assert {m["name"] for m in models} == {"vit", "translator"}
+    assert classify_over_grpc(f"127.0.0.1:{stack['ports']['grpc']}")[0] == "Ankle boot"
 
 
 def test_attention_maps_are_shared_through_redis(engine, stack):

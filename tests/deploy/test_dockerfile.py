@@ -240,7 +240,7 @@ def test_runtime_stage_runs_the_service_as_a_user(dockerfile, target, monkeypatc
     assert {k.removeprefix("ATTNSERVE_").lower() for k in attnserve_env(env)} <= settings_fields()
     settings = settings_from(attnserve_env(env), monkeypatch)
     assert settings.host == "0.0.0.0"
-    assert [str(settings.port)] == stage.all("EXPOSE")[-1].args.split()
+    assert [str(settings.port), str(settings.grpc_port)] == stage.all("EXPOSE")[-1].args.split()
     assert substitute("${PATH}", env).startswith("/opt/venv/bin:")
 
 

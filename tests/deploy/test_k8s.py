@@ -85,7 +85,7 @@ def test_settings_come_from_the_configmap_and_are_real_settings(docs, monkeypatc
     assert not unknown, f"not fields of service.settings.Settings (the service would refuse to start): {unknown}"
     settings = settings_from(config, monkeypatch)
     assert settings.host == "0.0.0.0" and settings.require_gpu and settings.execution_provider == "cuda"
-    assert [p["containerPort"] for p in container["ports"]] == [settings.port]
+    assert [p["containerPort"] for p in container["ports"]] == [settings.port, settings.grpc_port]
     # several replicas share attention ids through Redis, reached by its Service name
     assert settings.attention_store == "redis"
     url = urlparse(settings.redis_url)
