@@ -147,6 +147,7 @@ _BY_CODE: dict[str, type[APIStatusError]] = {
             "undecodable_image",
             "invalid_base64",
             "invalid_json",
+            "invalid_content_length",
             "invalid_multipart",
             "invalid_timeout",
             "model_load_failed",
