@@ -210,3 +210,15 @@ def test_bench_switch_loads_new_versions_under_load_without_a_failed_request(
         versions = versions[0]
         assert int(failed) == 0 and int(answered) >= 1 and 0 < float(p50) <= float(p99) < 60_000
         assert versions == {"before": "1", "after": "2"}.get(phase, versions)
+
+
+def test_bench_startup_measures_readiness_memory_and_first_requests(tiny_vit_repository):
+    proc = run_module(
+        "benchmarks.bench_startup", "--repository", str(tiny_vit_repository), "--batches", "1,3", timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"on disk, vit/1: \d+\.\d MB", proc.stdout)
+    assert re.search(
+        r"memory once ready: VmRSS [\d,]+ MB \(RssAnon [\d,]+ MB, RssFile [\d,]+ MB\), Pss [\d,]+ MB", proc.stdout
+    )
+    assert_sane_figures(proc.stdout, ("time to ready", "first request of 1 images", "first request of 3 images"))
