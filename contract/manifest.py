@@ -47,6 +47,7 @@ class GraphSpec(Section):
     inputs: list[Tensor] = []
     outputs: list[Tensor] = []
     opset: int | None = None
+    weights: str | None = None  # the file beside it holding its parameters (ONNX external data), if any
 
     def input(self, name: str) -> Tensor | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -224,6 +225,11 @@ class Manifest(Section):
         missing += [f"graphs.{g}" for g in graphs if g not in self.graphs]
         if missing:
             raise ValueError(f"a {self.task} manifest needs {', '.join(missing)}")
+        unlisted = [
+            f"graphs.{r}.weights {g.weights!r}" for r, g in self.graphs.items() if g.weights not in (None, *self.files)
+        ]
+        if unlisted:  # a weights file must have its sha256 checked like the graphs
+            raise ValueError(f"{', '.join(unlisted)} not listed under files")
         if self.task == IMAGE_CLASSIFICATION:
             self.image_attention  # noqa: B018 - validates the section now, not on the first attention request
         return self

@@ -39,8 +39,18 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def graph_io(path: Path) -> dict:
-    """Input/output names, dtypes and (symbolic) shapes, read back from the saved graph."""
+    """Input/output names, dtypes and (symbolic) shapes, read back from the saved graph, and the file
+    beside it that holds its external data (``weights``), if it has any."""
     model = onnx.load(str(path), load_external_data=False)
+    locations = {
+        e.value
+        for t in model.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for e in t.external_data
+        if e.key == "location"
+    }
+    if len(locations) > 1:
+        raise ExportError(f"{path} keeps its weights in {len(locations)} files {sorted(locations)}, not one")
 
     def describe(values) -> list[dict]:
         out = []
@@ -53,7 +63,8 @@ def graph_io(path: Path) -> dict:
         return out
 
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output), "opset": opset}
+    io = {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output), "opset": opset}
+    return {**io, "weights": locations.pop()} if locations else io
 
 
 def next_version(repository: Path, name: str) -> str:

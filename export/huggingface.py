@@ -9,8 +9,8 @@ entry is the one our own exporters write, so the unchanged service serves it wit
 - ``ViTForImageClassification``, ``DeiTForImageClassification`` and
   ``DeiTForImageClassificationWithTeacher`` (logits as transformers computes them: the class token's
   head, or for the teacher variant the mean of the class and distillation heads): ``model.onnx``
-  (logits only) and ``model_attention.onnx`` (logits and every layer's attention), labels from
-  ``id2label``, preprocessing from ``preprocessor_config.json``, and the attention section with the
+  (logits only) and ``model_attention.onnx`` (logits and every layer's attention), their parameters
+  stored once in ``weights.bin``, labels from ``id2label``, preprocessing from ``preprocessor_config.json``, and the attention section with the
   prefix tokens (1 for ViT; 2 for DeiT, its class and distillation tokens) that rollout skips;
 - ``MarianMTModel``: ``encoder.onnx``, ``decoder.onnx`` (one step against our per-layer key/value
   buffers) and ``decoder_prefix.onnx`` computed from the checkpoint's weights with Marian's own
@@ -51,8 +51,15 @@ from export.common import (
     next_version,
     now_iso,
 )
-from export.graphs import keep_outputs
-from export.vit import ATTENTION_TOL, ATTENTIONS, INPUT, LOGITS, LOGITS_TOL, export_image_graph, parity_problems
+from export.vit import (
+    ATTENTION_TOL,
+    ATTENTIONS,
+    INPUT,
+    LOGITS,
+    LOGITS_TOL,
+    parity_problems,
+    write_classifier_graphs,
+)
 from model.cli import CliError, run_cli
 
 # Only the local folder: transformers must not look anything up on the Hub (set before it is imported).
@@ -254,9 +261,9 @@ def import_image_classifier(ckpt: Checkpoint, stage: StagedEntry, args: argparse
     model = load_model(ckpt)
     cfg = model.config
     labels = [str(cfg.id2label[i]) for i in range(cfg.num_labels)]
-    graph, attention_graph = stage.dir / "model.onnx", stage.dir / "model_attention.onnx"
-    export_image_graph(ImageClassifierGraph(model), prep["channels"], prep["image_size"], attention_graph, args.opset)
-    keep_outputs(attention_graph, graph, [LOGITS])  # what serving runs unless attention is asked for
+    graph, attention_graph = write_classifier_graphs(
+        ImageClassifierGraph(model), prep["channels"], prep["image_size"], stage.dir, args.opset
+    )
     images = parity_images(prep)
     x = Preprocessing.model_validate(prep).apply(images)
     report = image_parity(model, cpu_session(attention_graph), cpu_session(graph), x)

@@ -23,7 +23,7 @@ from contract.decoding import DecoderSpec, session_fn
 from contract.manifest import IMAGE_CLASSIFICATION, TRANSLATION, Manifest, load_entry, read_manifest
 from contract.tokenizer import Tokenizer
 from export.common import StagedEntry, cpu_session, max_abs_diff, now_iso
-from export.shared_weights import WEIGHTS, share_weights
+from export.shared_weights import WEIGHTS, record_weights, share_weights
 from model.cli import CliError, run_cli
 
 INPUT, LOGITS = "pixel_values", "logits"
@@ -61,7 +61,9 @@ def write_variant(
     with StagedEntry(repository, name, version, force) as stage:
         quantize_graphs(fp32_entry, manifest, stage.dir)
         evaluation = evaluate(stage.dir, manifest)
-        return stage.commit(variant_manifest(manifest, name, version, evaluation)), evaluation
+        variant = variant_manifest(manifest, name, version, evaluation)
+        record_weights(variant, stage.dir)
+        return stage.commit(variant), evaluation
 
 
 def variant_manifest(manifest: dict, name: str, version: str, evaluation: dict) -> dict:

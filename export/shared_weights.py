@@ -6,8 +6,9 @@ with ``weights.bin`` holding every distinct tensor of 1 KiB or more once and eac
 into it (ONNX external data, which onnxruntime reads from the graph's folder), it is 33 MB. The
 graphs compute exactly what they did: only where the bytes live changes.
 
-The exporter writes entries this way; the command rewrites an existing entry in place (its manifest's
-``files`` section follows) and is idempotent.
+The exporters write entries this way (the translator's three graphs, an image classifier's serving and
+attention graphs); the command rewrites an existing entry in place (its manifest's ``files`` section and
+each graph's ``weights`` follow) and is idempotent.
 """
 
 from __future__ import annotations
@@ -55,6 +56,17 @@ def share_weights(folder: Path, graphs: list[str]) -> dict:
     return {"tensors": len(stored), "bytes_before": before, "bytes_after": after}
 
 
+def record_weights(manifest: dict, folder: Path) -> None:
+    """Name ``weights.bin`` as every graph's ``weights`` in ``manifest`` when ``folder`` has one (the
+    service then knows which graphs hold the same parameters), and none otherwise."""
+    shared = (folder / WEIGHTS).is_file()
+    for graph in manifest["graphs"].values():
+        if shared:
+            graph["weights"] = WEIGHTS
+        else:
+            graph.pop("weights", None)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m export.shared_weights", description=__doc__.splitlines()[0])
     p.add_argument("entry", type=Path, help="a model-repository entry, e.g. models/translator/3")
@@ -66,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     graphs = list(dict.fromkeys(g["file"] for g in manifest["graphs"].values()))  # the exporter's order
     sizes = share_weights(args.entry, graphs)
     manifest["files"] = describe_files(args.entry, sorted({*manifest["files"], WEIGHTS}))
+    record_weights(manifest, args.entry)
     write_manifest(args.entry, manifest)
     print(
         f"{args.entry}: {sizes['tensors']} distinct tensors in {WEIGHTS}; "

@@ -2,8 +2,10 @@
 
 ``python -m export.vit --checkpoint checkpoints/vit-default/best.pt``
 
-One graph, ``model.onnx``: input ``pixel_values`` (B, C, H, W) float32, outputs ``logits`` (B, classes)
-and ``attentions`` (B, layers, heads, tokens, tokens). The export is checked against PyTorch on real
+Two graphs with input ``pixel_values`` (B, C, H, W) float32: ``model_attention.onnx`` with outputs
+``logits`` (B, classes) and ``attentions`` (B, layers, heads, tokens, tokens), and ``model.onnx``, the
+serving graph cut from it with ``logits`` only. They are the same network, so its parameters are
+stored once, in ``weights.bin``, which both point into. The export is checked against PyTorch on real
 test images at batch sizes 1, 8 and 64 and refused if it drifts; the test accuracy recorded in the
 manifest is measured on the exported graph itself, through onnxruntime.
 """
@@ -32,6 +34,7 @@ from export.common import (
 )
 from export.graphs import keep_outputs
 from export.samples import write_samples
+from export.shared_weights import share_weights
 from model.cli import CliError, run_cli
 from model.data import load_image_dataset
 from model.training import load_checkpoint
@@ -53,8 +56,17 @@ class ViTWithAttention(nn.Module):
         return self.vit(pixel_values, return_attention=True)
 
 
-def export_graph(vit: ViT, path: Path, opset: int = 18) -> None:
-    export_image_graph(ViTWithAttention(vit), vit.cfg.channels, vit.cfg.image_size, path, opset)
+def write_classifier_graphs(
+    module: nn.Module, channels: int, image_size: int, folder: Path, opset: int = 18
+) -> tuple[Path, Path]:
+    """``model_attention.onnx`` from ``module`` (see ``export_image_graph``) and ``model.onnx`` cut from it
+    with the logits only (what serving runs unless attention is asked for), their parameters stored once
+    in ``weights.bin``: (serving graph, attention graph)."""
+    graph, attention_graph = folder / "model.onnx", folder / "model_attention.onnx"
+    export_image_graph(module, channels, image_size, attention_graph, opset)
+    keep_outputs(attention_graph, graph, [LOGITS])
+    share_weights(folder, [graph.name, attention_graph.name])
+    return graph, attention_graph
 
 
 def export_image_graph(module: nn.Module, channels: int, image_size: int, path: Path, opset: int = 18) -> None:
@@ -136,12 +148,8 @@ def build_manifest(ckpt: dict, name: str, version: str, io: dict, attention_io: 
         "framework": framework_versions(io["opset"]),
         "model": {"architecture": "ViT", "config": cfg.to_dict(), "parameters": ViT(cfg).num_parameters()},
         "graphs": {
-            "model": {"file": "model.onnx", "inputs": io["inputs"], "outputs": io["outputs"]},
-            "attention": {
-                "file": "model_attention.onnx",
-                "inputs": attention_io["inputs"],
-                "outputs": attention_io["outputs"],
-            },
+            "model": {"file": "model.onnx", **io},
+            "attention": {"file": "model_attention.onnx", **attention_io},
         },
         "labels": ckpt["label_names"],
         "preprocessing": ckpt["preprocessing"],
@@ -197,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     version = args.version or next_version(args.repository, args.name)
 
     with StagedEntry(args.repository, args.name, version, args.force) as stage:
-        graph, attention_graph = stage.dir / "model.onnx", stage.dir / "model_attention.onnx"
         print(f"exporting {args.checkpoint} -> {stage.final}", file=sys.stderr)
-        export_graph(vit, attention_graph, args.opset)
-        keep_outputs(attention_graph, graph, [LOGITS])  # what serving runs unless attention is asked for
+        cfg = vit.cfg
+        graph, attention_graph = write_classifier_graphs(
+            ViTWithAttention(vit), cfg.channels, cfg.image_size, stage.dir, args.opset
+        )
         session = cpu_session(graph)
         parity = parity_report(vit, cpu_session(attention_graph), x_test, logits_only=session)
         check_parity(parity)

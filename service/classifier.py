@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from contract.manifest import IMAGE_CLASSIFICATION, Entry, ImageAttention, Manifest, ManifestError
+from contract.manifest import IMAGE_CLASSIFICATION, Entry, GraphSpec, ImageAttention, Manifest, ManifestError
 from service.runtime import SessionHandle
 
 TASK = IMAGE_CLASSIFICATION
@@ -175,6 +175,14 @@ class Classifier:
             [{"label": labels[i], "index": i, "score": p[i]} for i in idx]
             for p, idx in zip(ranked.probabilities.tolist(), ranked.order[:, :k].tolist())
         ]
+
+
+def shares_weights(graphs: dict[str, GraphSpec]) -> bool:
+    """Whether the serving and the attention graph point into one weights file: the same network twice."""
+    model, attention = graphs.get("model"), graphs.get("attention")
+    return (
+        model is not None and attention is not None and model.weights is not None and model.weights == attention.weights
+    )
 
 
 def ranked_softmax(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

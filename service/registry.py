@@ -18,7 +18,7 @@ from pathlib import Path
 
 from contract.manifest import Entry, Manifest, ManifestError, load_entry, read_manifest
 from service.classifier import TASK as IMAGE_CLASSIFICATION
-from service.classifier import Classifier
+from service.classifier import Classifier, shares_weights
 from service.engine.batching import Batcher, Intake
 from service.engine.scheduler import Scheduler
 from service.errors import ModelNotFound, ModelNotReady
@@ -205,17 +205,21 @@ class Registry:
                 self._load_translator(model, entry)
                 return
             graphs = entry.manifest.graphs
-            handle = create_session(model.path / graphs["model"].file, self.settings)
+            prepack = not (self.settings.share_classifier_weights and shares_weights(graphs))
+            handle = create_session(model.path / graphs["model"].file, self.settings, prepack)
             attention = (
-                create_session(model.path / graphs["attention"].file, self.settings) if "attention" in graphs else None
+                create_session(model.path / graphs["attention"].file, self.settings, prepack)
+                if "attention" in graphs
+                else None
             )
             model.provider = handle.provider
             model.classifier = Classifier(entry, handle, attention)
             model.status = Status.WARMING
             log.info(
-                "loaded %s on %s; warming up batch sizes 1..%d",
+                "loaded %s on %s (%s); warming up batch sizes 1..%d",
                 model.key,
                 handle.provider,
+                "packed weights" if prepack else "one mapped copy of the weights for both graphs",
                 self.settings.max_batch_size,
             )
             model.classifier.warm_up(self.settings.max_batch_size, self._stop.is_set)

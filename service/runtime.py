@@ -85,7 +85,11 @@ def intra_op_threads(settings: Settings) -> int:
     )
 
 
-def session_options(settings: Settings) -> ort.SessionOptions:
+def session_options(settings: Settings, prepack: bool = True) -> ort.SessionOptions:
+    """The settings' options; ``prepack=False`` keeps onnxruntime from packing each constant weight of a
+    MatMul into a copy of its own, so that the weights stay where the graph's external data was mapped
+    and two sessions mapping one file share its pages (onnxruntime's Python API cannot share the packed
+    copies between sessions)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = _OPTIMIZATION_LEVELS[settings.graph_optimization_level]
     opts.intra_op_num_threads = intra_op_threads(settings)
@@ -94,12 +98,15 @@ def session_options(settings: Settings) -> ort.SessionOptions:
     opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
     opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
     opts.log_severity_level = 3  # onnxruntime's own warnings go to its stderr logger; keep errors only
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     return opts
 
 
-def create_session(graph: Path, settings: Settings) -> SessionHandle:
+def create_session(graph: Path, settings: Settings, prepack: bool = True) -> SessionHandle:
     """An inference session for ``graph`` with the provider actually obtained; raises if a GPU was required."""
-    session = ort.InferenceSession(str(graph), session_options(settings), providers=requested_providers(settings))
+    opts = session_options(settings, prepack)
+    session = ort.InferenceSession(str(graph), opts, providers=requested_providers(settings))
     provider = session.get_providers()[0]
     if settings.require_gpu and provider != CUDA:
         raise RuntimeUnavailable(

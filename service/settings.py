@@ -116,6 +116,12 @@ class Settings(BaseSettings):
         False,
         description="Let idle onnxruntime threads spin; off because spinning steals the CPU the HTTP layer needs.",
     )
+    share_classifier_weights: bool = Field(
+        True,
+        description="An image classifier whose serving and attention graphs point into one weights file keeps one "
+        "copy of its weights (the file's pages, mapped by both sessions) instead of one packed copy per session: "
+        "half the memory, and on a CPU about 10% more time for a batch of one.",
+    )
 
     # --- batching -----------------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most images in one onnxruntime run.")

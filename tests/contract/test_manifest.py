@@ -68,6 +68,12 @@ def broken(entry: Path, path: str, value) -> dict:
         (VIT, "preprocessing.std", [0.0], "positive stds"),
         (VIT, "attention.tokens", 49, "49 tokens are not 1 + the (7, 7) grid"),
         (VIT, "graphs.model", ..., "needs graphs.model"),
+        (
+            VIT,
+            "graphs.attention.weights",
+            "weights.bin",
+            "graphs.attention.weights 'weights.bin' not listed under files",
+        ),
         (TRANSLATOR, "tokenizer", ..., "translation manifest needs tokenizer"),
         (TRANSLATOR, "decoding.layers", 0, "decoding.layers: Input should be greater than or equal to 1"),
         (TRANSLATOR, "tokenizer.library", "tiktoken", "tokenizer.library"),

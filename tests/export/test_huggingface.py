@@ -22,6 +22,7 @@ from contract.manifest import load_entry, read_manifest
 from export import huggingface
 from service.attention.rollout import class_token_rollout
 from tests.conftest import ROOT, SHIPPED_TRANSLATOR, run_module
+from tests.export.weights_files import assert_classifier_weights_stored_once
 from tests.service.service_testing import png_bytes, start_subprocess_server
 
 transformers = pytest.importorskip("transformers")
@@ -220,7 +221,12 @@ def test_an_imported_classifier_records_its_contract_and_parity(repository, name
     assert parity["max_abs_logits"] <= huggingface.LOGITS_TOL and parity["argmax_identical"]
     assert parity["max_abs_attention"] <= huggingface.ATTENTION_TOL
     assert parity["preprocessing_max_abs"] <= huggingface.PREPROCESSING_TOL
-    assert set(load_entry(repository / name / "1").manifest.files) == {"model.onnx", "model_attention.onnx"}
+    assert set(load_entry(repository / name / "1").manifest.files) == {
+        "model.onnx",
+        "model_attention.onnx",
+        "weights.bin",
+    }
+    assert_classifier_weights_stored_once(repository / name / "1")
 
 
 @pytest.mark.parametrize("name", sorted(IMAGE_MODELS))

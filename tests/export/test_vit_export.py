@@ -21,6 +21,7 @@ from export.common import ExportError, cpu_session
 from export.vit import ATTENTION_TOL, LOGITS_TOL, check_parity, parity_report
 from model.vit import ViT, ViTConfig
 from tests.conftest import run_module
+from tests.export.weights_files import assert_classifier_weights_stored_once
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,11 @@ def test_manifest_describes_everything_the_service_needs(entry):
     assert m["training"]["seed"] == 0 and "model.train_vit" in m["training"]["command"]
     samples = m["samples"]
     assert [s["index"] for s in samples] == list(range(10)) and [s["label"] for s in samples] == m["labels"]
-    assert set(m["files"]) == {"model.onnx", "model_attention.onnx"} | {s["file"] for s in samples}
+    assert set(m["files"]) == {"model.onnx", "model_attention.onnx", "weights.bin"} | {s["file"] for s in samples}
+
+
+def test_both_graphs_point_into_one_weights_file(entry):
+    assert_classifier_weights_stored_once(entry)
 
 
 def test_graphs_have_a_dynamic_batch_axis_and_agree(entry):

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from contract.manifest import ManifestError, load_entry, parse_manifest, read_manifest
-from service.classifier import Classifier, Preprocessing, Ranked, ranked_softmax
+from service.classifier import Classifier, Preprocessing, Ranked, ranked_softmax, shares_weights
 from service.runtime import create_session
 from service.settings import Settings
 from tests.conftest import ROOT
@@ -74,6 +74,34 @@ def test_warm_up_runs_every_batch_size(classifier, monkeypatch):
     monkeypatch.setattr(Classifier, "run", lambda self, x: seen.append(len(x)) or real_run(self, x))
     classifier.warm_up(12)
     assert seen == list(range(1, 13))
+
+
+def mapped_files() -> set[str]:
+    """The files this process maps (/proc/self/maps)."""
+    return {line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps") if len(line.split()) == 6}
+
+
+def test_graphs_sharing_a_weights_file_serve_from_its_one_mapped_copy(tiny_vit_repository, fashion_test):
+    entry = load_entry(tiny_vit_repository / "vit" / "1")  # exported by export.vit: both graphs in weights.bin
+    graphs, settings = entry.manifest.graphs, Settings(intra_op_threads=1)
+    assert shares_weights(graphs) and not shares_weights(load_entry(SHIPPED / "vit" / "1").manifest.graphs)
+
+    def classifier(prepack: bool) -> Classifier:
+        model, attention = (
+            create_session(entry.path / graphs[g].file, settings, prepack) for g in ("model", "attention")
+        )
+        return Classifier(entry, model, attention)
+
+    weights = str((entry.path / graphs["model"].weights).resolve())
+    shared, packed = classifier(prepack=False), classifier(prepack=True)
+    assert weights in mapped_files()  # onnxruntime maps the file rather than reading it into copies
+    images, _ = fashion_test
+    x = Preprocessing.from_manifest(entry.manifest).normalize(images[:8])
+    np.testing.assert_allclose(shared.run(x), packed.run(x), rtol=1e-5, atol=1e-5)
+    (logits, attention), (packed_logits, packed_attention) = shared.run_with_attention(x), packed.run_with_attention(x)
+    np.testing.assert_allclose(logits, packed_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(attention, packed_attention, rtol=1e-5, atol=1e-6)
+    assert attention.shape[:2] == (8, entry.manifest.image_attention.layers)
 
 
 def _break(manifest: dict, how: str) -> dict:
