@@ -137,9 +137,10 @@ class Classifier:
         logits, attention = self._attention_session.run(self._with_attention, {self.input_name: x})
         return logits, attention
 
-    def warm_up(self, max_batch_size: int, should_stop=lambda: False) -> None:
-        """Run every batch size once so no client pays for first-run allocations or kernel selection."""
-        for n in range(1, max_batch_size + 1):
+    def warm_up(self, batch_sizes: list[int], should_stop=lambda: False) -> None:
+        """Run the serving graph at each of ``batch_sizes`` (``warm_up_batch_sizes``), then the attention
+        graph at one image, so that no client pays for first-run allocations or for paging the weights in."""
+        for n in batch_sizes:
             if should_stop():
                 return
             self.run(np.zeros((n, *self.input_shape), np.float32))
@@ -175,6 +176,14 @@ class Classifier:
             [{"label": labels[i], "index": i, "score": p[i]} for i in idx]
             for p, idx in zip(ranked.probabilities.tolist(), ranked.order[:, :k].tolist())
         ]
+
+
+def warm_up_batch_sizes(max_batch_size: int) -> list[int]:
+    """The largest batch first, so that onnxruntime's memory arena grows to its peak in one go, then one
+    image, the lone request whose latency shows most. Two runs, whatever ``max_batch_size``, instead of
+    one per size: after them the first run at any other size costs what its next run does
+    (``benchmarks/bench_startup.py``'s first requests)."""
+    return [max_batch_size, 1] if max_batch_size > 1 else [1]
 
 
 def shares_weights(graphs: dict[str, GraphSpec]) -> bool:

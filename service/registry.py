@@ -18,7 +18,7 @@ from pathlib import Path
 
 from contract.manifest import Entry, Manifest, ManifestError, load_entry, read_manifest
 from service.classifier import TASK as IMAGE_CLASSIFICATION
-from service.classifier import Classifier, shares_weights
+from service.classifier import Classifier, shares_weights, warm_up_batch_sizes
 from service.engine.batching import Batcher, Intake
 from service.engine.scheduler import Scheduler
 from service.errors import ModelNotFound, ModelNotReady
@@ -215,14 +215,15 @@ class Registry:
             model.provider = handle.provider
             model.classifier = Classifier(entry, handle, attention)
             model.status = Status.WARMING
+            sizes = warm_up_batch_sizes(self.settings.max_batch_size)
             log.info(
-                "loaded %s on %s (%s); warming up batch sizes 1..%d",
+                "loaded %s on %s (%s); warming up batch sizes %s",
                 model.key,
                 handle.provider,
                 "packed weights" if prepack else "one mapped copy of the weights for both graphs",
-                self.settings.max_batch_size,
+                ", ".join(map(str, sizes)),
             )
-            model.classifier.warm_up(self.settings.max_batch_size, self._stop.is_set)
+            model.classifier.warm_up(sizes, self._stop.is_set)
         except (ManifestError, RuntimeUnavailable) as e:
             self._fail(model, str(e))
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types for unreadable graphs

@@ -9,7 +9,14 @@ import onnxruntime as ort
 import pytest
 
 from contract.manifest import ManifestError, load_entry, parse_manifest, read_manifest
-from service.classifier import Classifier, Preprocessing, Ranked, ranked_softmax, shares_weights
+from service.classifier import (
+    Classifier,
+    Preprocessing,
+    Ranked,
+    ranked_softmax,
+    shares_weights,
+    warm_up_batch_sizes,
+)
 from service.runtime import create_session
 from service.settings import Settings
 from tests.conftest import ROOT
@@ -68,12 +75,19 @@ def test_a_batch_gets_the_same_answers_as_its_images_alone(classifier, fashion_t
         assert order[i][0] == alone_order[0][0]
 
 
-def test_warm_up_runs_every_batch_size(classifier, monkeypatch):
+@pytest.mark.parametrize("max_batch_size, sizes", [(1, [1]), (2, [2, 1]), (32, [32, 1]), (4096, [4096, 1])])
+def test_warm_up_is_the_largest_batch_then_one_image_whatever_the_largest(max_batch_size, sizes):
+    assert warm_up_batch_sizes(max_batch_size) == sizes
+
+
+def test_warm_up_runs_the_sizes_it_is_given_and_stops_when_told(classifier, monkeypatch):
     seen = []
     real_run = Classifier.run
     monkeypatch.setattr(Classifier, "run", lambda self, x: seen.append(len(x)) or real_run(self, x))
-    classifier.warm_up(12)
-    assert seen == list(range(1, 13))
+    classifier.warm_up([12, 1])
+    assert seen == [12, 1]
+    classifier.warm_up([12, 1], should_stop=lambda: len(seen) >= 3)
+    assert seen == [12, 1, 12]
 
 
 def mapped_files() -> set[str]:

@@ -3,7 +3,7 @@
 Derived repositories live in ``tmp_path``: each entry links to the shipped files and carries its own
 ``manifest.json`` (``manifest.json`` is not among the files it lists), so that an entry can be renamed,
 re-versioned or given another task cheaply; a file to corrupt is a real copy. Settings shrink the
-warm-up (two batch sizes, one decoder row), so that loading both models takes well under a second.
+warm-up (batch sizes 2 and 1, one decoder row), so that loading both models takes well under a second.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.classifier import Classifier
 from service.errors import ModelNotFound, ModelNotReady, ShuttingDown
 from service.metrics import Metrics
 from service.registry import SERVED_TASKS, Registry, Status
@@ -37,7 +38,7 @@ VERSIONS = {"vit": VIT.name, "translator": TRANSLATOR.name}
 CPU = "CPUExecutionProvider"
 CLASSIFY, TRANSLATE = "image-classification", "translation"
 
-# Small limits: warm-up runs batch sizes 1..2 and one decoder row; 503s carry a recognisable Retry-After.
+# Small limits: warm-up runs batch sizes 2 and 1 and one decoder row; 503s carry a recognisable Retry-After.
 SMALL = {
     "execution_provider": "cpu",
     "intra_op_threads": 1,
@@ -187,6 +188,26 @@ def test_the_shipped_repository_loads_every_model_ready_with_its_provider_and_ga
         r.getMessage() for r in registry_log if r.levelno == logging.INFO and r.getMessage().startswith("ready: ")
     ]
     assert ready_lines == [f"ready: translator/3 on {CPU}, vit/1 on {CPU}"]
+
+
+def test_a_classifier_is_warmed_up_by_two_runs_and_one_of_its_attention_graph_whatever_its_largest_batch(
+    monkeypatch,
+):
+    runs = []
+    real_run, real_attention = Classifier.run, Classifier.run_with_attention
+    monkeypatch.setattr(Classifier, "run", lambda self, x: runs.append(("logits", len(x))) or real_run(self, x))
+    monkeypatch.setattr(
+        Classifier,
+        "run_with_attention",
+        lambda self, x: runs.append(("attention", len(x))) or real_attention(self, x),
+    )
+
+    async def body():
+        async with loaded(SHIPPED, max_batch_size=256, max_queue_images=256) as registry:
+            return registry.models["vit"].status
+
+    assert run(body()) == Status.READY
+    assert runs == [("logits", 256), ("logits", 1), ("attention", 1)]
 
 
 def test_the_served_classifier_answers_the_shipped_samples_through_its_batcher():
