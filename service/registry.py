@@ -23,7 +23,7 @@ from service.engine.batching import Batcher, Intake
 from service.engine.scheduler import Scheduler
 from service.errors import ModelNotFound, ModelNotReady
 from service.metrics import Metrics
-from service.runtime import RuntimeUnavailable, create_session
+from service.runtime import RuntimeUnavailable, SharedWeights, create_session
 from service.settings import Settings
 from service.translator import TASK as TRANSLATION
 from service.translator import Translator
@@ -205,10 +205,14 @@ class Registry:
                 self._load_translator(model, entry)
                 return
             graphs = entry.manifest.graphs
-            prepack = not (self.settings.share_classifier_weights and shares_weights(graphs))
-            handle = create_session(model.path / graphs["model"].file, self.settings, prepack)
+            shared = (
+                SharedWeights.map(model.path / graphs["model"].weights)
+                if self.settings.share_classifier_weights and shares_weights(graphs)
+                else None
+            )
+            handle = create_session(model.path / graphs["model"].file, self.settings, shared)
             attention = (
-                create_session(model.path / graphs["attention"].file, self.settings, prepack)
+                create_session(model.path / graphs["attention"].file, self.settings, shared)
                 if "attention" in graphs
                 else None
             )
@@ -220,7 +224,7 @@ class Registry:
                 "loaded %s on %s (%s); warming up batch sizes %s",
                 model.key,
                 handle.provider,
-                "packed weights" if prepack else "one mapped copy of the weights for both graphs",
+                "packed weights" if shared is None else f"one mapped copy of {shared.name} for both graphs",
                 ", ".join(map(str, sizes)),
             )
             model.classifier.warm_up(sizes, self._stop.is_set)

@@ -3,6 +3,7 @@
 onnxruntime falls back to the CPU without raising when the CUDA provider cannot load (missing
 libraries, no device); the most common complaint about it. So the provider is read back from the
 session after creation, reported everywhere, and ``require_gpu`` turns a fallback into a failure.
+Sessions whose graphs point into one weights file can compute on one mapping of it (``SharedWeights``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 from service.settings import Settings
@@ -33,10 +35,31 @@ class RuntimeUnavailable(RuntimeError):
     """The execution provider the settings demand cannot be had on this machine."""
 
 
+@dataclass(frozen=True, eq=False)  # one per mapping: compared and hashed by identity
+class SharedWeights:
+    """One read-only mapping of a weights file (a graph's ONNX external data) for every session that points
+    into it: onnxruntime computes on the mapped pages themselves, so memory holds the weights once."""
+
+    name: str  # the file name the graphs' external data refers to
+    data: np.memmap
+
+    @classmethod
+    def map(cls, path: Path) -> SharedWeights:
+        return cls(path.name, np.memmap(path, dtype=np.uint8, mode="r"))
+
+    def add_to(self, opts: ort.SessionOptions) -> None:
+        """Make a session read its external data from this mapping, unpacked: onnxruntime packs each constant
+        MatMul weight into a copy of its own, and its Python API cannot share such copies between sessions."""
+        opts.add_external_initializers_from_files_in_memory([self.name], [self.data], [len(self.data)])
+        opts.add_session_config_entry("session.use_external_initializer_file_buffers_directly", "1")
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+
+
 @dataclass(frozen=True)
 class SessionHandle:
     session: ort.InferenceSession
     provider: str  # the provider that runs the graph, read back from the session
+    weights: SharedWeights | None = None  # the mapping the session computes on, kept as long as the session
 
     @property
     def on_gpu(self) -> bool:
@@ -85,11 +108,7 @@ def intra_op_threads(settings: Settings) -> int:
     )
 
 
-def session_options(settings: Settings, prepack: bool = True) -> ort.SessionOptions:
-    """The settings' options; ``prepack=False`` keeps onnxruntime from packing each constant weight of a
-    MatMul into a copy of its own, so that the weights stay where the graph's external data was mapped
-    and two sessions mapping one file share its pages (onnxruntime's Python API cannot share the packed
-    copies between sessions)."""
+def session_options(settings: Settings) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = _OPTIMIZATION_LEVELS[settings.graph_optimization_level]
     opts.intra_op_num_threads = intra_op_threads(settings)
@@ -98,14 +117,15 @@ def session_options(settings: Settings, prepack: bool = True) -> ort.SessionOpti
     opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
     opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
     opts.log_severity_level = 3  # onnxruntime's own warnings go to its stderr logger; keep errors only
-    if not prepack:
-        opts.add_session_config_entry("session.disable_prepacking", "1")
     return opts
 
 
-def create_session(graph: Path, settings: Settings, prepack: bool = True) -> SessionHandle:
-    """An inference session for ``graph`` with the provider actually obtained; raises if a GPU was required."""
-    opts = session_options(settings, prepack)
+def create_session(graph: Path, settings: Settings, weights: SharedWeights | None = None) -> SessionHandle:
+    """An inference session for ``graph`` with the provider actually obtained; raises if a GPU was required.
+    With ``weights``, the graph's external data is read from that mapping (see ``SharedWeights``)."""
+    opts = session_options(settings)
+    if weights is not None:
+        weights.add_to(opts)
     session = ort.InferenceSession(str(graph), opts, providers=requested_providers(settings))
     provider = session.get_providers()[0]
     if settings.require_gpu and provider != CUDA:
@@ -115,4 +135,4 @@ def create_session(graph: Path, settings: Settings, prepack: bool = True) -> Ses
         )
     if settings.execution_provider != "cpu" and CUDA in available_providers() and provider != CUDA:
         log.warning("CUDA was offered but %s fell back to %s", graph, provider)
-    return SessionHandle(session, provider)
+    return SessionHandle(session, provider, weights)

@@ -119,8 +119,8 @@ class Settings(BaseSettings):
     share_classifier_weights: bool = Field(
         True,
         description="An image classifier whose serving and attention graphs point into one weights file keeps one "
-        "copy of its weights (the file's pages, mapped by both sessions) instead of one packed copy per session: "
-        "half the memory, and on a CPU about 10% more time for a batch of one.",
+        "copy of its weights (one mapping of the file, which both sessions compute on) instead of one packed copy "
+        "per session: half the memory, for some speed at small batches on a CPU.",
     )
 
     # --- batching -----------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import shutil
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -17,7 +19,7 @@ from service.classifier import (
     shares_weights,
     warm_up_batch_sizes,
 )
-from service.runtime import create_session
+from service.runtime import SharedWeights, create_session
 from service.settings import Settings
 from tests.conftest import ROOT
 
@@ -90,25 +92,28 @@ def test_warm_up_runs_the_sizes_it_is_given_and_stops_when_told(classifier, monk
     assert seen == [12, 1, 12]
 
 
-def mapped_files() -> set[str]:
-    """The files this process maps (/proc/self/maps)."""
-    return {line.split(maxsplit=5)[5].strip() for line in open("/proc/self/maps") if len(line.split()) == 6}
+def mappings_of(path: Path) -> int:
+    """How many mappings of the file this process holds (/proc/self/maps)."""
+    return sum(line.rstrip("\n").endswith(" " + str(path)) for line in open("/proc/self/maps"))
 
 
-def test_graphs_sharing_a_weights_file_serve_from_its_one_mapped_copy(tiny_vit_repository, fashion_test):
-    entry = load_entry(tiny_vit_repository / "vit" / "1")  # exported by export.vit: both graphs in weights.bin
+def test_graphs_sharing_a_weights_file_compute_on_one_mapping_of_it(tiny_vit_repository, tmp_path, fashion_test):
+    source = tiny_vit_repository / "vit" / "1"  # exported by export.vit: both graphs point into weights.bin
+    shutil.copytree(source, tmp_path / "1")  # a file no other test's session has mapped
+    entry = load_entry(tmp_path / "1")
     graphs, settings = entry.manifest.graphs, Settings(intra_op_threads=1)
     assert shares_weights(graphs) and not shares_weights(load_entry(SHIPPED / "vit" / "1").manifest.graphs)
+    weights = (entry.path / graphs["model"].weights).resolve()
 
-    def classifier(prepack: bool) -> Classifier:
+    def classifier(shared: SharedWeights | None) -> Classifier:
         model, attention = (
-            create_session(entry.path / graphs[g].file, settings, prepack) for g in ("model", "attention")
+            create_session(entry.path / graphs[g].file, settings, shared) for g in ("model", "attention")
         )
         return Classifier(entry, model, attention)
 
-    weights = str((entry.path / graphs["model"].weights).resolve())
-    shared, packed = classifier(prepack=False), classifier(prepack=True)
-    assert weights in mapped_files()  # onnxruntime maps the file rather than reading it into copies
+    shared = classifier(SharedWeights.map(weights))
+    assert mappings_of(weights) == 1  # both sessions compute on the one mapping: no copy, no second mapping
+    packed = classifier(None)
     images, _ = fashion_test
     x = Preprocessing.from_manifest(entry.manifest).normalize(images[:8])
     np.testing.assert_allclose(shared.run(x), packed.run(x), rtol=1e-5, atol=1e-5)
