@@ -39,6 +39,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--root", type=Path, default=ROOT, help="the source tree whose service runs (default: this one)")
     p.add_argument("--model", help="the classifier whose first requests are timed (default: the first)")
     p.add_argument("--batches", default="1,3,8,32", help="batch sizes of the first requests, in order")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="a service setting, e.g. share_classifier_weights=false (ATTNSERVE_SHARE_CLASSIFIER_WEIGHTS)",
+    )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /readyz")
     return p.parse_args(argv)
@@ -78,7 +85,8 @@ def bodies(manifest: dict, batches: list[int]) -> dict[int, bytes]:
 
 def one_round(args: argparse.Namespace, model: str, requests: dict[int, bytes], log_dir: Path) -> dict:
     started = time.monotonic()
-    service = Service("startup", args.repository, model, log_dir, root=args.root)
+    settings = dict(s.split("=", 1) for s in args.set)
+    service = Service("startup", args.repository, model, log_dir, root=args.root, **settings)
     try:
         service.wait_ready(args.timeout)
         result = {"ready_s": time.monotonic() - started, **memory(service.proc.pid)}
