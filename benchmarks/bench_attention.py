@@ -55,7 +55,9 @@ def strip_entry(src: Path, dst: Path) -> None:
         keep = kept_outputs(role, manifest)
         cut = onnx.utils.Extractor(model).extract_model([i.name for i in model.graph.input], keep)
         onnx.save(cut, str(dst / graph["file"]))
-        graphs[role] = {**graph, "outputs": [o for o in graph["outputs"] if o["name"] in keep]}
+        # saved with its weights inside (onnx.load read any weights.bin): the copy names no weights file
+        kept = {k: v for k, v in graph.items() if k != "weights"}
+        graphs[role] = {**kept, "outputs": [o for o in graph["outputs"] if o["name"] in keep]}
     for name in manifest["files"]:
         if name.endswith((".model", ".png")):
             shutil.copy(src / name, dst / name)
