@@ -29,6 +29,7 @@ import yaml
 
 from tests.deploy.docker_engine import make_stand_ins, missing_requirements, start_engine
 from tests.deploy.parsing import ROOT, parse_dockerfile
+from tests.service.service_testing import free_port
 
 pytestmark = pytest.mark.docker
 
@@ -90,12 +91,6 @@ def cpu_image(engine):
 def gpu_image(engine):
     tag = compose_config()["services"]["api"]["image"]
     return tag, build(engine, "gpu", tag, buildkit=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, timeout: float, alive=lambda: True) -> float:
