@@ -117,10 +117,11 @@ class Settings(BaseSettings):
         description="Let idle onnxruntime threads spin; off because spinning steals the CPU the HTTP layer needs.",
     )
     share_classifier_weights: bool = Field(
-        True,
+        False,
         description="An image classifier whose serving and attention graphs point into one weights file keeps one "
         "copy of its weights (one mapping of the file, which both sessions compute on) instead of one packed copy "
-        "per session: half the memory, for some speed at small batches on a CPU.",
+        "per session: half the memory, for some speed on a CPU, and scores whose last digits depend on the batch "
+        "a request shares.",
     )
 
     # --- batching -----------------------------------------------------------------------------
