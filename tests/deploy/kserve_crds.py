@@ -10,6 +10,10 @@ from __future__ import annotations
 
 KSERVE_VERSION = "0.14"
 
+# The protocol versions KServe knows (``InferenceServiceProtocol`` in ``pkg/constants``); the CRDs
+# type ``protocolVersions`` and ``protocolVersion`` as plain strings, so the tests check against these.
+PROTOCOLS = ("v1", "v2", "grpc-v1", "grpc-v2")
+
 _STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
 
 SERVING_RUNTIME = {
