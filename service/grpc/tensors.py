@@ -9,6 +9,7 @@ Outputs always go back in ``raw_output_contents``, as Triton answers.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -76,7 +77,7 @@ def _read_input(spec: pb.ModelInferRequest.InferInputTensor, index: int, raw: by
         raise InvalidField(f"input {name!r}: unknown datatype {datatype!r}")
     if any(d < 0 for d in shape):
         raise InvalidField(f"input {name!r}: `shape` must be non-negative integers")
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # exact: numpy's int64 product wraps past 2**63
     if raw is not None:
         data = bytes_from_raw(raw, name) if datatype == "BYTES" else numeric_from_raw(raw, datatype, name)
     else:

@@ -10,6 +10,7 @@ Errors under ``/v2`` are the protocol's body, ``{"error": "..."}`` (``service.er
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -102,7 +103,7 @@ def _read_input(spec: Any, index: int, binary: memoryview) -> tuple[Tensor, int]
         raise InvalidField(f"input {name!r}: unknown datatype {datatype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidField(f"input {name!r}: `shape` must be a list of non-negative integers")
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # exact: numpy's int64 product wraps past 2**63
     params = _parameters(spec, f"input {name!r}")
     size = params.get("binary_data_size")
     if size is not None:
