@@ -51,20 +51,22 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "attnserve_http_requests",
-            "HTTP requests answered, by route template and status.",
+            "Requests answered, by route template, method and status; a gRPC call counts under the route "
+            "`grpc:<RPC>` and the method `GRPC`, with the HTTP status its outcome would have had.",
             ["route", "method", "status"],
             registry=r,
         )
         self.latency = Histogram(
             "attnserve_http_request_duration_seconds",
-            "Time from request start to the last response byte.",
+            "Time from request start to the last response byte (a gRPC call: from its handler's start to its answer).",
             ["route", "method"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.deadline_exceeded_requests = Counter(
             "attnserve_deadline_exceeded_requests",
-            "Requests answered 504 `deadline_exceeded` (or streams ended by that `error` event), by route template.",
+            "Requests answered 504 `deadline_exceeded` (or streams ended by that `error` event; a gRPC call: "
+            "DEADLINE_EXCEEDED, under `grpc:<RPC>`), by route template.",
             ["route"],
             registry=r,
         )

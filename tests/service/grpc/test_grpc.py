@@ -175,6 +175,26 @@ def test_errors_are_the_rest_ones_as_grpc_codes(server, client, model, tensor, s
     assert client.is_server_ready()  # the service goes on
 
 
+@pytest.mark.parametrize(("images", "status", "message"), [(335, "RESOURCE_EXHAUSTED", "larger than max"), (320, "INVALID_ARGUMENT", "at most 8")])  # fmt: skip
+def test_a_message_past_max_body_bytes_is_refused_as_rest_refuses_its_body(server, client, images, status, message):
+    """The limit is ATTNSERVE_MAX_BODY_BYTES (1 MiB here), not gRPC's 4 MiB default: 335 images of
+    28 x 28 FP32 (1.05 MB) are refused before they are read, 320 (1.0 MB) read and refused for their count."""
+    pixels = np.zeros((images, 1, 28, 28), np.float32)
+    tensor = grpcclient.InferInput("pixels", list(pixels.shape), "FP32")
+    tensor.set_data_from_numpy(pixels)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("vit", [tensor])
+    assert code(e.value) == status and message in e.value.message()
+    rest = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    rest_tensor = httpclient.InferInput("pixels", list(pixels.shape), "FP32")
+    rest_tensor.set_data_from_numpy(pixels, binary_data=True)
+    with pytest.raises(InferenceServerException) as e:
+        rest.infer("vit", [rest_tensor])
+    assert e.value.status() == ("413" if status == "RESOURCE_EXHAUSTED" else "422")
+    rest.close()
+    assert client.is_server_ready()
+
+
 def test_a_request_past_its_timeout_parameter_is_deadline_exceeded(server, client):
     with pytest.raises(InferenceServerException) as e:
         client.infer("translator", [texts_input(TEXTS)], timeout=1)  # 1 us: past it before decoding starts
