@@ -41,9 +41,9 @@ install-dev: $(VENV)/.dev data system-deps  ## training, export and test depende
 
 # Debian packages the tests drive for real: a Redis server (shared attention store), a browser
 # (the web page's end-to-end test), Docker's engine, Compose v1 and mmdebstrap (the images are built
-# and run on a private dockerd, from bases made of Debian packages), wrk (the load generator of the
-# benchmarks and their smoke test). Each is installed only when its command is missing.
-SYSTEM_DEPS := redis-server:redis-server chromium:chromium dockerd:docker.io docker-compose:docker-compose mmdebstrap:mmdebstrap wrk:wrk
+# and run on a private dockerd, from bases made of Debian packages), wrk and h2load (nghttp2-client: the
+# load generators of the benchmarks and their smoke test; h2load speaks HTTP/2, for gRPC). Each is installed only when its command is missing.
+SYSTEM_DEPS := redis-server:redis-server chromium:chromium dockerd:docker.io docker-compose:docker-compose mmdebstrap:mmdebstrap wrk:wrk h2load:nghttp2-client
 
 system-deps:  ## Debian packages the tests need (apt, only what is missing)
 	@missing=""; for dep in $(SYSTEM_DEPS); do cmd=$${dep%%:*}; pkg=$${dep#*:}; \

@@ -222,3 +222,25 @@ def test_bench_startup_measures_readiness_memory_and_first_requests(tiny_vit_rep
         r"memory once ready: VmRSS [\d,]+ MB \(RssAnon [\d,]+ MB, RssFile [\d,]+ MB\), Pss [\d,]+ MB", proc.stdout
     )
     assert_sane_figures(proc.stdout, ("time to ready", "first request of 1 images", "first request of 3 images"))
+
+
+def test_bench_oip_compares_classify_rest_and_grpc_interleaved(tiny_vit_repository):
+    proc = run_module(
+        "benchmarks.bench_oip", "--repository", str(tiny_vit_repository), "--rounds", "2", "--duration", "1",
+        "--clients", "1", "4", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert_sane_figures(
+        proc.stdout, tuple(f"round 2/2: {form:8s}   4 clients:" for form in ("classify", "rest", "grpc"))
+    )
+    table = re.compile(r"^(classify|rest|grpc) +([14]) +[\d.]+ +([\d.]+) +([\d.]+) +[\d.]+ +[\d.]+$", re.MULTILINE)
+    rows = table.findall(proc.stdout)
+    assert sorted((form, c) for form, c, _, _ in rows) == sorted(
+        (f, c) for f in ("classify", "rest", "grpc") for c in "14"
+    )
+    assert all(0 < float(p50) <= float(p99) for _, _, p50, p99 in rows)
+    ratio = re.compile(r"^(\w+) vs (\w+), ([14]) clients: \d+\.\d{3}x \(rounds [\d.]+x to [\d.]+x\)", re.MULTILINE)
+    pairs = (("grpc", "rest"), ("rest", "classify"), ("grpc", "classify"))
+    assert sorted(ratio.findall(proc.stdout)) == sorted((a, b, c) for c in "14" for a, b in pairs)
+    assert_sane_figures(proc.stdout, ("grpc vs rest, 1 clients", "grpc vs rest, 4 clients"))
+    assert re.search(r"grpc vs rest, 4 clients: .*: gRPC not below REST: (MET|NOT MET)$", proc.stdout, re.MULTILINE)
