@@ -28,8 +28,9 @@ onnxruntime.
 At 1, 8 and 64 clients (``--clients``) the three forms run back to back, in an order rotating from
 round to round (the later of back-to-back runs here tends to be faster), for ``--rounds`` rounds.
 It prints each form's median requests/s, p50 and p99 over the rounds, then for each client count
-the ratios of the medians with the lowest and highest ratio of a single round, and whether gRPC's
-figure is at least REST's.
+the ratios of the medians with the lowest and highest ratio of a single round, the ratio of the
+server's CPU time per request (less at the mercy of other work on a shared machine than the
+rates), and whether gRPC's rate is at least REST's.
 """
 
 from __future__ import annotations
@@ -287,8 +288,10 @@ def report(args: argparse.Namespace, name: str, manifest: dict, loads: list[Load
                 x["requests_per_s"] / y["requests_per_s"] for x, y in zip(top.rounds, bottom.rounds, strict=True)
             ]
             ratio = top.median("requests_per_s") / bottom.median("requests_per_s")
+            cpu = top.median("server_cpu_us") / bottom.median("server_cpu_us")
             line = (
-                f"{a} vs {b}, {clients} clients: {ratio:.3f}x (rounds {min(per_round):.3f}x to {max(per_round):.3f}x)"
+                f"{a} vs {b}, {clients} clients: {ratio:.3f}x (rounds {min(per_round):.3f}x to {max(per_round):.3f}x), "
+                f"server CPU per request {cpu:.3f}x"
             )
             if (a, b) == ("grpc", "rest"):
                 line += f": gRPC not below REST: {'MET' if ratio >= 1.0 else 'NOT MET'}"

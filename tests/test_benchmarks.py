@@ -239,7 +239,10 @@ def test_bench_oip_compares_classify_rest_and_grpc_interleaved(tiny_vit_reposito
         (f, c) for f in ("classify", "rest", "grpc") for c in "14"
     )
     assert all(0 < float(p50) <= float(p99) for _, _, p50, p99 in rows)
-    ratio = re.compile(r"^(\w+) vs (\w+), ([14]) clients: \d+\.\d{3}x \(rounds [\d.]+x to [\d.]+x\)", re.MULTILINE)
+    ratio = re.compile(
+        r"^(\w+) vs (\w+), ([14]) clients: \d+\.\d{3}x \(rounds [\d.]+x to [\d.]+x\), server CPU per request \d+\.\d{3}x",
+        re.MULTILINE,
+    )
     pairs = (("grpc", "rest"), ("rest", "classify"), ("grpc", "classify"))
     assert sorted(ratio.findall(proc.stdout)) == sorted((a, b, c) for c in "14" for a, b in pairs)
     assert_sane_figures(proc.stdout, ("grpc vs rest, 1 clients", "grpc vs rest, 4 clients"))
