@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -145,6 +146,26 @@ class DecodeRequest:
         return sorted(pool, key=lambda h: -h.ranking(self.length_penalty))[: self.num_return]
 
 
+class Batch(Protocol):
+    """Rows being decoded: a :class:`DecodeBatch` in numpy, or one whose buffers live on a session's device."""
+
+    requests: list[DecodeRequest]
+
+    def __len__(self) -> int: ...
+
+    def step(self, decoder: Graph, spec: DecoderSpec) -> tuple[list[DecodeRequest], Batch]: ...
+
+    def concatenate(self, other: Batch) -> Batch: ...
+
+
+@runtime_checkable
+class ResidentEncoder(Protocol):
+    """An encoder graph that starts its batches where its session runs (the service's device-resident
+    cache, ``service/engine/resident.py``); such a batch steps, joins and shrinks itself."""
+
+    def start_batch(self, requests: list[DecodeRequest], spec: DecoderSpec) -> Batch: ...
+
+
 class DecodeBatch:
     """Rows being decoded, grouped by request, with the decoder inputs for the next step.
 
@@ -182,10 +203,13 @@ class DecodeBatch:
         return np.repeat(np.array([r.steps for r in self.requests], dtype=np.int64), [r.beam for r in self.requests])
 
     @classmethod
-    def start(cls, requests: list[DecodeRequest], encoder: Graph, spec: DecoderSpec) -> DecodeBatch:
-        """Encode the requests' sources (in :func:`length_runs`); each request gets ``beam`` rows sharing its encoding."""
+    def start(cls, requests: list[DecodeRequest], encoder: Graph, spec: DecoderSpec) -> Batch:
+        """Encode the requests' sources (in :func:`length_runs`); each request gets ``beam`` rows sharing its
+        encoding. A :class:`ResidentEncoder` starts the batch on its own device instead."""
         if not requests:
             raise ValueError("no request to start")
+        if isinstance(encoder, ResidentEncoder):
+            return encoder.start_batch(requests, spec)
         width = max(len(r.source) for r in requests)
         keys = values = None
         mask = np.zeros((len(requests), width), dtype=bool)
@@ -251,12 +275,14 @@ class DecodeBatch:
         )
 
 
-def concatenate(a: DecodeBatch, b: DecodeBatch) -> DecodeBatch:
+def concatenate(a: Batch, b: Batch) -> Batch:
     """One batch of both; caches are left-aligned to the wider one's width (padding masked), sources right-padded."""
     if not len(a):
         return b
     if not len(b):
         return a
+    if not isinstance(a, DecodeBatch):
+        return a.concatenate(b)
     width, s = max(a.width, b.width), max(a.src_mask.shape[1], b.src_mask.shape[1])
     capacity = width + GROW
 
@@ -374,20 +400,56 @@ def _greedy(req: DecodeRequest, tok: int, log_prob: float, eos: int) -> list[tup
     return [] if req.steps >= req.max_new_tokens else [(0, tok)]
 
 
-def _advance(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> list[list[tuple[int, int]]]:
-    """Every request's survivors after this step's ``log_probs`` (``[]``: it finished or was cancelled).
+class StepScores(Protocol):
+    """What the search reads of a step's log-probs (rows, V): where they are is the batch's business."""
 
-    Greedy requests take their row's argmax; searching ones (beam > 1, or recording) are selected
-    together, one :func:`_select` per beam width, on each row's ``top_candidates``.
+    def best(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each of ``rows``'s ``k`` best (token ids, log-probs), best first, ties to the lower id: (len(rows), k)."""
+        ...
+
+    def full(self, rows: np.ndarray) -> np.ndarray:
+        """The rows' whole log-prob vectors (len(rows), V), for the requests that record them."""
+        ...
+
+
+class LogProbs:
+    """A step's log-probs in host memory, searched in place."""
+
+    def __init__(self, log_probs: np.ndarray) -> None:
+        self.log_probs = log_probs
+
+    def _rows(self, rows: np.ndarray) -> np.ndarray:
+        return self.log_probs if len(rows) == len(self.log_probs) else self.log_probs[rows]  # every row: no copy
+
+    def best(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        mine = self._rows(rows)
+        k = min(k, mine.shape[1])
+        if k > 1:
+            return top_candidates(mine, k)
+        best = mine.argmax(-1)
+        return best[:, None], mine[np.arange(len(mine)), best][:, None]
+
+    def full(self, rows: np.ndarray) -> np.ndarray:
+        return self._rows(rows)
+
+
+def candidates_needed(requests: Sequence[DecodeRequest], vocabulary: int) -> int:
+    """How many best tokens per row this step's search reads: 1 for greedy rows, 2 beam for a beam's."""
+    return min(vocabulary, max(2 * r.beam if r.beam > 1 or r.record else 1 for r in requests))
+
+
+def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list[list[tuple[int, int]]]:
+    """Every request's survivors after this step (``[]``: it finished or was cancelled).
+
+    Greedy requests take their row's best token; searching ones (beam > 1, or recording) are selected
+    together, one :func:`_select` per beam width, on each row's best ``2 beam`` candidates.
     """
-    requests = batch.requests
     offsets = np.cumsum([0] + [r.beam for r in requests[:-1]])
     survivors: list[list[tuple[int, int]]] = [[] for _ in requests]
     plain = [i for i, r in enumerate(requests) if not r.cancelled and r.beam == 1 and not r.record]
     if plain:
-        rows = offsets[plain]
-        best = (log_probs if len(rows) == len(log_probs) else log_probs[rows]).argmax(-1)  # every row: no copy
-        for i, tok, lp in zip(plain, best.tolist(), log_probs[rows, best].tolist()):
+        ids, values = scores.best(offsets[plain], 1)
+        for i, tok, lp in zip(plain, ids[:, 0].tolist(), values[:, 0].tolist()):
             survivors[i] = _greedy(requests[i], tok, lp, eos)
     widths: dict[int, list[int]] = {}
     for i, r in enumerate(requests):
@@ -395,10 +457,9 @@ def _advance(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> list[list[t
             widths.setdefault(r.beam, []).append(i)
     for beam, idx in widths.items():
         rows = (offsets[idx][:, None] + np.arange(beam)).ravel()
-        mine = log_probs if len(rows) == len(log_probs) else log_probs[rows]  # every row: no copy
-        k = min(2 * beam, log_probs.shape[1])
-        ids, values = top_candidates(mine, k)
-        recorded = mine.reshape(len(idx), beam, -1) if any(requests[i].record for i in idx) else None
+        ids, values = scores.best(rows, 2 * beam)
+        k = ids.shape[1]  # fewer when the vocabulary is smaller
+        recorded = scores.full(rows).reshape(len(idx), beam, -1) if any(requests[i].record for i in idx) else None
         chosen = _select(
             [requests[i] for i in idx], ids.reshape(len(idx), beam, k), values.reshape(len(idx), beam, k), eos, recorded
         )
@@ -407,10 +468,28 @@ def _advance(batch: DecodeBatch, log_probs: np.ndarray, eos: int) -> list[list[t
     return survivors
 
 
-def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[DecodeRequest], DecodeBatch]:
+def plan(
+    requests: list[DecodeRequest], survivors: list[list[tuple[int, int]]]
+) -> tuple[list[DecodeRequest], list[DecodeRequest], np.ndarray, np.ndarray]:
+    """(requests that finished, those that go on, the rows they go on from, in order, and their next tokens)."""
+    finished, keep, rows, tokens, offset = [], [], [], [], 0
+    for req, picked in zip(requests, survivors):
+        if picked:
+            keep.append(req)
+            rows += [offset + r for r, _ in picked]
+            tokens += [t for _, t in picked]
+        else:
+            finished.append(req)
+        offset += req.beam
+    return finished, keep, np.array(rows, dtype=np.int64), np.array(tokens, dtype=np.int64)
+
+
+def step(batch: Batch, decoder: Graph, spec: DecoderSpec) -> tuple[list[DecodeRequest], Batch]:
     """One decoder run over the batch: (requests that finished or were cancelled, the next batch).
 
     The batch's cache buffers are written in place; the next batch is the same one unless requests left."""
+    if not isinstance(batch, DecodeBatch):
+        return batch.step(decoder, spec)
     layers = range(len(batch.past_keys))
     feeds = {
         "tokens": batch.tokens[:, None],
@@ -423,25 +502,18 @@ def step(batch: DecodeBatch, decoder: Graph, spec: DecoderSpec) -> tuple[list[De
         feeds[f"cross_keys_{i}"], feeds[f"cross_values_{i}"] = batch.cross_keys[i], batch.cross_values[i]
     out = decoder(feeds)
     batch.append([out[f"new_keys_{i}"] for i in layers], [out[f"new_values_{i}"] for i in layers])  # in place
-    finished, keep, rows, tokens, offset = [], [], [], [], 0
-    for req, survivors in zip(batch.requests, _advance(batch, out["log_probs"], spec.eos_id)):
-        if survivors:
-            keep.append(req)
-            rows += [offset + r for r, _ in survivors]
-            tokens += [t for _, t in survivors]
-        else:
-            finished.append(req)
-        offset += req.beam
-    order = np.array(rows, dtype=np.int64)
+    finished, keep, order, tokens = plan(
+        batch.requests, advance(batch.requests, LogProbs(out["log_probs"]), spec.eos_id)
+    )
     if not finished:  # the same requests: at most beams reorder within each, so only their cache rows move
         moved = np.flatnonzero(order != np.arange(len(order)))
         if len(moved):
             w = batch.width  # columns past it are empty in every row
             for cache in (*batch.past_keys, *batch.past_values):
                 cache[moved, :, :w] = cache[order[moved], :, :w]  # the right side is gathered before it is written
-        batch.tokens = np.array(tokens, dtype=np.int64)
+        batch.tokens = tokens
         return finished, batch
-    return finished, batch.take(order, keep, np.array(tokens, dtype=np.int64))
+    return finished, batch.take(order, keep, tokens)
 
 
 def length_runs(lengths: Sequence[int], run_cost: int = ENCODE_RUN_COST) -> list[list[int]]:
