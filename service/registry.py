@@ -246,12 +246,15 @@ class Registry:
         )
         model.provider = decoder.provider
         s = self.settings
-        model.translator = Translator(entry, encoder, decoder, prefix, s.default_beam_size, s.max_beam_size)
+        model.translator = Translator(
+            entry, encoder, decoder, prefix, s.default_beam_size, s.max_beam_size, s.decoder_cache
+        )
         model.status = Status.WARMING
         log.info(
-            "loaded %s on %s; warming up up to %d rows",
+            "loaded %s on %s, decoder cache on the %s; warming up up to %d rows",
             model.key,
             decoder.provider,
+            "device" if model.translator.cache_on_device else "host",
             self.settings.max_running_sequences,
         )
         model.translator.warm_up(self.settings.max_running_sequences, self._stop.is_set)

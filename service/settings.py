@@ -26,6 +26,7 @@ MAX_TIMEOUT_S = 86_400.0  # a day: no request needs longer, and a deadline must 
 
 GraphOptimization = Literal["disabled", "basic", "extended", "all"]
 ExecutionProvider = Literal["auto", "cuda", "cpu"]
+DecoderCache = Literal["auto", "host", "device"]
 LogFormat = Literal["json", "text"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
@@ -122,6 +123,13 @@ class Settings(BaseSettings):
         "copy of its weights (one mapping of the file, which both sessions compute on) instead of one packed copy "
         "per session: half the memory, for some speed on a CPU, and scores whose last digits depend on the batch "
         "a request shares.",
+    )
+    decoder_cache: DecoderCache = Field(
+        "auto",
+        description="Where a translator's decoding batch keeps its key/value caches: `device`, in onnxruntime "
+        "buffers on the session's device, stepped through IO binding (only token ids go in, only the best "
+        "candidates come out); `host`, in numpy arrays handed to every step; `auto`: `device` on CUDA, `host` on "
+        "the CPU, where it is the faster. Both decode the same tokens with the same scores.",
     )
 
     # --- batching -----------------------------------------------------------------------------

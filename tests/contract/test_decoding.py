@@ -16,6 +16,7 @@ from contract.decoding import (
     DecoderSpec,
     beam_search,
     concatenate,
+    decoding_outputs,
     greedy,
     length_runs,
     pad_sources,
@@ -132,15 +133,26 @@ def test_a_batch_encodes_in_runs_and_pads_each_source_alike():
         DecodeBatch.start([], encoder, SPEC)
 
 
-@pytest.fixture(scope="module")
-def real_graphs():
-    """The shipped translator's encoder and step decoder (no training, no torch)."""
+@pytest.fixture(scope="module", params=["host", "device"])
+def real_graphs(request):
+    """The shipped translator's encoder and step decoder (no training, no torch): plain graphs (the numpy
+    path), or the service's resident ones, whose batches keep their buffers in OrtValues (the device path)."""
     entry = SHIPPED_TRANSLATOR
     spec = DecoderSpec.from_manifest(load_entry(entry).manifest)
     sessions = [
         ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"])
         for f in ("encoder.onnx", "decoder.onnx")
     ]
+    if request.param == "device":
+        from service.engine.resident import CacheGraphs, ResidentDecoder, ResidentEncoder
+
+        outputs = decoding_outputs(spec.layers)
+        graphs = CacheGraphs(sessions[0], sessions[1], spec.layers)
+        return (
+            ResidentEncoder(sessions[0], list(outputs["encoder"]), graphs),
+            ResidentDecoder(sessions[1], list(outputs["decoder"])),
+            spec,
+        )
     return session_fn(sessions[0]), session_fn(sessions[1]), spec
 
 
