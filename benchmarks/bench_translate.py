@@ -16,6 +16,11 @@
    32 sentences arriving 10 ms apart, continuous vs static batching.
 Every figure is the median of ``--rounds`` interleaved rounds. A table is printed at the end.
 
+``--decoder-cache`` compares the two decoding paths of the service on the entry instead: the bare loop with
+its key/value caches on the session's device (``service/engine/resident.py``: OrtValues, IO binding)
+against the numpy one, batch 1, 16 and 64 of the real sentences, greedy and beam 4, natural lengths,
+the path run first alternating; both must decode the same tokens.
+
 ``--against models/translator/N`` compares two entries instead (a new version against the one it
 replaces, an int8 variant against its fp32 entry): the bare loop of each on the same configurations,
 both loaded afresh every round and run in alternating order, with the service sentences at their
@@ -38,9 +43,18 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from contract.decoding import DecodeRequest, DecoderSpec, Graph, pad_sources, run_to_end, session_fn
+from contract.decoding import (
+    DecodeRequest,
+    DecoderSpec,
+    Graph,
+    decoding_outputs,
+    pad_sources,
+    run_to_end,
+    session_fn,
+)
 from contract.manifest import load_entry
 from contract.tokenizer import Tokenizer
+from service.engine.resident import CacheGraphs, ResidentDecoder, ResidentEncoder
 from service.runtime import create_session
 from service.settings import Settings
 
@@ -67,7 +81,8 @@ class Bare:
     def __init__(self, entry_dir: Path, settings: Settings) -> None:
         entry = load_entry(entry_dir)
         m, self.path = entry.manifest, entry_dir
-        g = {k: session_fn(create_session(entry_dir / v.file, settings).session) for k, v in m.graphs.items()}
+        self.sessions = {k: create_session(entry_dir / v.file, settings).session for k, v in m.graphs.items()}
+        g = {k: session_fn(s) for k, s in self.sessions.items()}
         self.encoder, self.decoder, self.prefix = g["encoder"], g["decoder"], g.get("decoder_prefix")
         self.spec = DecoderSpec.from_manifest(m)
         self.fixed_length_decoder = without_eos(self.decoder, self.spec.eos_id)
@@ -90,6 +105,13 @@ class Bare:
         start = time.perf_counter()
         done = run_to_end(self.encoder, self.decoder, reqs, self.spec)
         return time.perf_counter() - start, sum(len(r.results()[0].tokens) + 1 for r in done)
+
+    def resident(self) -> tuple[Graph, Graph]:
+        """The encoder and decoder as the service's device-resident path runs them (``ATTNSERVE_DECODER_CACHE=device``)."""
+        out = decoding_outputs(self.spec.layers)
+        enc, dec = self.sessions["encoder"], self.sessions["decoder"]
+        graphs = CacheGraphs(enc, dec, self.spec.layers)
+        return ResidentEncoder(enc, list(out["encoder"]), graphs), ResidentDecoder(dec, list(out["decoder"]))
 
     def uncached(self, sources: list[list[int]], tokens: int) -> float:
         """Seconds for greedy decoding that re-runs the whole prefix at every step (no cache)."""
@@ -225,6 +247,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip-service", action="store_true")
     p.add_argument("--against", type=Path, metavar="ENTRY", help="compare the bare loop with this entry's, only")
+    p.add_argument(
+        "--decoder-cache", action="store_true", help="compare the device-resident decoder cache with the host one, only"
+    )
     return p.parse_args(argv)
 
 
@@ -240,8 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
 
-    if args.against:
-        rows = compare_entries(entry_dir, args.against, settings, args.rounds)
+    if args.against or args.decoder_cache:
+        rows = (
+            compare_caches(bare, args.rounds)
+            if args.decoder_cache
+            else compare_entries(entry_dir, args.against, settings, args.rounds)
+        )
         width = max(len(k) for k, _ in rows)
         print()
         for k, v in rows:
@@ -290,6 +319,43 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
+
+
+def compare_caches(bare: Bare, rounds: int) -> list[tuple[str, str]]:
+    """Tokens/s of the bare loop with the decoder cache on the device and on the host; device ÷ host.
+
+    Both paths run on the same sessions, the one run first alternating from configuration to configuration
+    and round to round; a mismatch in the decoded tokens is an error, not a figure."""
+    paths = {"device": bare.resident(), "host": (bare.encoder, bare.decoder)}
+    configs = [(b, k) for b in (1, 16, 64) for k in (1, 4)]
+    runs: dict[tuple, dict[str, list[float]]] = {c: {"device": [], "host": []} for c in configs}
+    for (
+        batch,
+        beam,
+    ) in configs:  # untimed: first runs at a shape pay onnxruntime's set-up (and the device path's graphs)
+        for key in paths:
+            run_to_end(*paths[key], [DecodeRequest(s, 8, beam=beam) for s in bare.sources(batch)], bare.spec)
+    for i in range(rounds):
+        for j, (batch, beam) in enumerate(configs):
+            sources = bare.sources(batch)
+            tokens = {}
+            for key in sorted(paths, reverse=(i + j) % 2 == 1):
+                reqs = [DecodeRequest(s, bare.spec.max_length(len(s)), beam=beam) for s in sources]
+                start = time.perf_counter()
+                run_to_end(*paths[key], reqs, bare.spec)
+                seconds = time.perf_counter() - start
+                tokens[key] = [r.results()[0].tokens for r in reqs]
+                runs[(batch, beam)][key].append(sum(len(t) + 1 for t in tokens[key]) / seconds)
+            if tokens["device"] != tokens["host"]:
+                raise SystemExit(f"batch {batch}, beam {beam}: the device path decoded other tokens than the host's")
+    rows = []
+    for (batch, beam), got in runs.items():
+        speed = {k: statistics.median(v) for k, v in got.items()}
+        ratios = [d / h for d, h in zip(got["device"], got["host"], strict=True)]
+        figures = f"{speed['device']:,.0f} vs {speed['host']:,.0f} tok/s = {speed['device'] / speed['host']:.2f}x"
+        name = f"decoder cache device vs host, batch {batch}, {'greedy' if beam == 1 else 'beam 4'}, natural lengths"
+        rows.append((name, f"{figures} (rounds {min(ratios):.2f}x-{max(ratios):.2f}x)"))
+    return rows
 
 
 def compare_entries(new_dir: Path, old_dir: Path, settings: Settings, rounds: int) -> list[tuple[str, str]]:

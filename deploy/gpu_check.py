@@ -15,6 +15,11 @@
    (``samples``), and greedy translations of the first sentences of ``benchmarks/translate_sentences.txt``.
 5. Throughput of ``POST /classify`` and ``POST /translate`` on each service: concurrent clients for a
    fixed time.
+6. Decoding with and without the device-resident cache (``ATTNSERVE_DECODER_CACHE``): the bare loop of
+   each translator on the checked provider, host cache against device cache, at ``--decoding-batches``
+   sentences, greedy and beam 4: tokens/s of each and whether both decoded the same tokens; and, with
+   ``--extra-decoder-cache``, a third service whose cache is elsewhere than the checked one's, checked
+   and loaded like the others.
 
 Exit status 0 when every check passed, 1 otherwise. Needs only the serving dependencies (numpy,
 Pillow, onnxruntime or onnxruntime-gpu): no torch, no httpx.
@@ -30,6 +35,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +60,7 @@ OWN_SETTINGS = {
     "ATTNSERVE_MODEL_REPOSITORY",
     "ATTNSERVE_EXECUTION_PROVIDER",
     "ATTNSERVE_REQUIRE_GPU",
+    "ATTNSERVE_DECODER_CACHE",
     "ATTNSERVE_ATTENTION_STORE",
     "ATTNSERVE_REDIS_URL",
 }
@@ -161,7 +168,7 @@ class Service:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def start_service(label: str, repository: Path, provider: str, log_dir: Path) -> Service:
+def start_service(label: str, repository: Path, provider: str, log_dir: Path, decoder_cache: str = "auto") -> Service:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in OWN_SETTINGS}
     env.update(
@@ -172,6 +179,7 @@ def start_service(label: str, repository: Path, provider: str, log_dir: Path) ->
             "ATTNSERVE_MODEL_REPOSITORY": str(repository),
             "ATTNSERVE_EXECUTION_PROVIDER": "cuda" if provider == CUDA else "cpu",
             "ATTNSERVE_REQUIRE_GPU": "true" if provider == CUDA else "false",
+            "ATTNSERVE_DECODER_CACHE": decoder_cache,
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
         }
     )
@@ -321,15 +329,18 @@ def run(args: argparse.Namespace) -> Report:
 
     log_dir = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     services = [
-        start_service(args.provider, args.repository, provider, log_dir),
+        start_service(args.provider, args.repository, provider, log_dir, args.decoder_cache),
         start_service("cpu-reference", args.repository, CPU, log_dir),
     ]
+    if args.extra_decoder_cache:
+        label = f"{args.provider}-{args.extra_decoder_cache}-cache"
+        services.append(start_service(label, args.repository, provider, log_dir, args.extra_decoder_cache))
     try:
         for s in services:
             why = wait_ready(s, args.startup_timeout)
             if not rep.check(f"service {s.label} ready", why is None, why or s.url):
                 return rep
-        checked, reference = services
+        checked, reference, *extra = services
         models = call(checked.url + "/models")[1]["models"]
         rep.data["models"] = [{k: m.get(k) for k in ("name", "version", "task", "status", "provider")} for m in models]
         problems = provider_problems(models, provider)
@@ -364,18 +375,20 @@ def run(args: argparse.Namespace) -> Report:
 
         if "translation" in tasks:
             texts = [t for t in SENTENCES.read_text().splitlines() if t.strip()][: args.sentences]
-            out = [call(s.url + "/translate", "POST", {"texts": texts, "beam_size": 1}) for s in (checked, reference)]
-            got = [[r["translation"] for r in body["results"]] if code == 200 else None for code, body in out]
-            differ = [(t, a, b) for t, a, b in zip(texts, *got)] if None not in got else []
-            differ = [d for d in differ if d[1] != d[2]]
-            rep.data["translations"] = {"texts": texts, checked.label: got[0], reference.label: got[1]}
-            rep.check(
-                f"greedy translations {args.provider} vs cpu",
-                None not in got and len(differ) <= args.max_translation_mismatches,
-                f"{len(texts) - len(differ)}/{len(texts)} identical" if None not in got else f"HTTP {out}",
-            )
-            for t, a, b in differ:
-                print(f"    {t!r}\n      {args.provider}: {a!r}\n      cpu: {b!r}")
+            rep.data["translations"] = {"texts": texts}
+            for s in (checked, *extra):
+                out = [call(x.url + "/translate", "POST", {"texts": texts, "beam_size": 1}) for x in (s, reference)]
+                got = [[r["translation"] for r in body["results"]] if code == 200 else None for code, body in out]
+                differ = [(t, a, b) for t, a, b in zip(texts, *got)] if None not in got else []
+                differ = [d for d in differ if d[1] != d[2]]
+                rep.data["translations"] |= {s.label: got[0], reference.label: got[1]}
+                rep.check(
+                    f"greedy translations {s.label} vs cpu",
+                    None not in got and len(differ) <= args.max_translation_mismatches,
+                    f"{len(texts) - len(differ)}/{len(texts)} identical" if None not in got else f"HTTP {out}",
+                )
+                for t, a, b in differ:
+                    print(f"    {t!r}\n      {s.label}: {a!r}\n      cpu: {b!r}")
 
         rep.data["throughput"] = {}
         print(f"throughput: {args.concurrency} concurrent clients, {args.seconds:g} s per endpoint and service")
@@ -419,7 +432,77 @@ def run(args: argparse.Namespace) -> Report:
     finally:
         for s in services:
             s.stop()
+    if args.decoding_batches:
+        compare_decoder_caches(rep, args, provider)
     return rep
+
+
+# --- 6. decoding with and without the device-resident cache ------------------------------------------
+def decode_rate(encoder, decoder, spec, sources: list[list[int]], beam: int) -> tuple[float, list[list[int]]]:
+    """(generated tokens per second, eos included, the tokens) of decoding ``sources`` to their natural ends."""
+    from contract.decoding import DecodeRequest, run_to_end
+
+    reqs = [DecodeRequest(s, spec.max_length(len(s)), beam=beam) for s in sources]
+    start = time.perf_counter()
+    run_to_end(encoder, decoder, reqs, spec)
+    seconds = time.perf_counter() - start
+    tokens = [r.results()[0].tokens for r in reqs]
+    return sum(len(t) + 1 for t in tokens) / seconds, tokens
+
+
+def compare_decoder_caches(rep: Report, args: argparse.Namespace, provider: str) -> None:
+    """The bare decoding loop of each translator on the checked provider, its cache on the host and on the
+    device, the path run first alternating: median tokens/s over the rounds, and the same tokens on both."""
+    from contract.decoding import DecoderSpec, decoding_outputs, session_fn
+    from contract.manifest import latest_versions, load_entry
+    from contract.tokenizer import load_tokenizer
+    from service.engine.resident import CacheGraphs, ResidentDecoder, ResidentEncoder
+    from service.runtime import create_session
+    from service.settings import Settings
+
+    settings = Settings(execution_provider="cuda" if provider == CUDA else "cpu", require_gpu=provider == CUDA)
+    texts = [t for t in SENTENCES.read_text().splitlines() if t.strip()]
+    rep.data["decoding"] = []
+    for entry_dir in latest_versions(args.repository):
+        entry = load_entry(entry_dir)
+        if entry.manifest.task != "translation":
+            continue
+        spec, out = DecoderSpec.from_manifest(entry.manifest), decoding_outputs(entry.manifest.decoding.layers)
+        enc, dec = (
+            create_session(entry.path / entry.manifest.graphs[g].file, settings).session for g in ("encoder", "decoder")
+        )
+        paths = {
+            "host": (session_fn(enc, out["encoder"]), session_fn(dec, out["decoder"])),
+            "device": (
+                ResidentEncoder(enc, list(out["encoder"]), CacheGraphs(enc, dec, spec.layers)),
+                ResidentDecoder(dec, list(out["decoder"])),
+            ),
+        }
+        tokenizer = load_tokenizer(entry.path, entry.manifest.tokenizer)
+        print(f"decoding {entry.name}/{entry.version} on {provider}: tok/s, cache on the host vs on the device")
+        for batch in args.decoding_batches:
+            sources = tokenizer.encode_batch([texts[i % len(texts)] for i in range(batch)], add_eos=True)
+            for beam in (1, 4):
+                for path in paths.values():  # untimed: onnxruntime's first runs at these shapes
+                    decode_rate(*path, spec, sources[:2], beam)
+                rates: dict[str, list[float]] = {"host": [], "device": []}
+                tokens: dict[str, list] = {}
+                for r in range(args.decoding_rounds):
+                    for key in sorted(paths, reverse=r % 2 == 1):
+                        rate, tokens[key] = decode_rate(*paths[key], spec, sources, beam)
+                        rates[key].append(rate)
+                host, device = (statistics.median(rates[k]) for k in ("host", "device"))
+                row = {"model": f"{entry.name}/{entry.version}", "batch": batch, "beam": beam, "host_tok_s": host}
+                row |= {"device_tok_s": device, "device_over_host": device / host, "rounds": rates}
+                rep.data["decoding"].append(row)
+                print(
+                    f"  batch {batch:>3} {'greedy' if beam == 1 else 'beam 4':<7}{host:>10.0f}{device:>10.0f}  {device / host:.2f}x"
+                )
+                rep.check(
+                    f"decoding {entry.name}/{entry.version} batch {batch} beam {beam}: device cache vs host",
+                    tokens["device"] == tokens["host"],
+                    f"same tokens on {sum(a == b for a, b in zip(tokens['device'], tokens['host']))}/{batch} sentences",
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,10 +533,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--seconds", type=float, default=10.0, help="load time per endpoint and service (default %(default)s)"
     )
+    p.add_argument(
+        "--decoder-cache",
+        choices=["auto", "host", "device"],
+        default="auto",
+        help="ATTNSERVE_DECODER_CACHE of the checked service (default %(default)s: device on CUDA)",
+    )
+    p.add_argument(
+        "--extra-decoder-cache",
+        choices=["host", "device"],
+        help="also check and load a third service on the checked provider with this decoder cache",
+    )
+    p.add_argument(
+        "--decoding-batches",
+        type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+        help="sentences per bare decoding loop, host vs device cache, e.g. 1,16,64 "
+        "(default: 1,16,64 on CUDA, none in a CPU dry run; '' for none)",
+    )
+    p.add_argument("--decoding-rounds", type=int, default=3, help="rounds of each decoding loop (default %(default)s)")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for /readyz")
     p.add_argument("--json", type=Path, help="also write every check and figure to this file")
     args = p.parse_args(argv)
     args.repository = args.repository.resolve()
+    if args.decoding_batches is None:
+        args.decoding_batches = [1, 16, 64] if args.provider == "cuda" else []
     rep = run(args)
     failed = [c["check"] for c in rep.checks if not c["ok"]]
     print("GPU check: " + ("every check passed" if rep.ok else f"FAILED: {', '.join(failed) or 'nothing was checked'}"))

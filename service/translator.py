@@ -77,8 +77,9 @@ class Translator:
             )
         self.provider = encoder.provider
         # Both paths exist because each is the faster where it serves: on a GPU the device path keeps the
-        # caches off PCIe; on the CPU the numpy path decodes 1.0x to 1.2x faster (benchmarks/bench_translate.py
-        # --decoder-cache, docs/benchmarks.md), its in-place numpy writes costing less than two graph runs a step.
+        # caches off PCIe; on the CPU the numpy path is the faster (device ÷ host 0.77x to 0.97x, batch 1 to 64,
+        # `python -m benchmarks.bench_translate --decoder-cache`): onnxruntime's TopK and graph runs cost more
+        # there than numpy's argmax and in-place writes.
         self.cache_on_device = decoder_cache == "device" or (decoder_cache == "auto" and decoder.provider == CUDA)
         if self.cache_on_device:
             graphs = CacheGraphs(encoder.session, decoder.session, self.spec.layers)

@@ -103,3 +103,26 @@ def test_cuda_check_fails_without_cuda(tmp_path):
     proc = run_check(tmp_path, "--provider", "cuda")
     assert proc.returncode == 1
     assert f"[FAIL] provider offered: {CUDA} in" in proc.stdout and "GPU check: FAILED" in proc.stdout
+
+
+def test_dry_run_compares_the_decoder_caches(tmp_path):
+    """Step 6 on the CPU: the bare loop with the cache on the host and on the device decodes the same tokens,
+    and a third service whose cache is on the device answers as the CPU reference does."""
+    out = tmp_path / "check.json"
+    proc = run_check(
+        tmp_path,
+        *("--provider", "cpu", "--seconds", "0.3", "--concurrency", "2", "--sentences", "4", "--json", str(out)),
+        *("--decoder-cache", "host", "--extra-decoder-cache", "device", "--decoding-batches", "1,3"),
+        *("--decoding-rounds", "1"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    checks = {c["check"] for c in report["checks"]}
+    assert {"greedy translations cpu-device-cache vs cpu", "load cpu-device-cache translate"} <= checks
+    assert report["translations"]["cpu-device-cache"] == report["translations"]["cpu-reference"]
+    decoding = report["decoding"]
+    assert [(d["model"], d["batch"], d["beam"]) for d in decoding] == [
+        ("translator/3", b, k) for b in (1, 3) for k in (1, 4)
+    ]
+    assert all(d["host_tok_s"] > 0 and d["device_tok_s"] > 0 for d in decoding)
+    assert "decoding translator/3 batch 3 beam 4: device cache vs host" in checks
