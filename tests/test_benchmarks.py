@@ -40,6 +40,15 @@ def test_bench_translate_compares_two_entries_interleaved(tiny_translator_reposi
     assert_sane_figures(proc.stdout, ("batch 1, greedy, 20 tokens", "batch 16, beam 4, 32 service sentences"))
 
 
+def test_bench_translate_compares_the_decoder_caches():
+    """On the shipped translator: the device path must decode what the host path does, or the run fails."""
+    proc = run_module("benchmarks.bench_translate", "--decoder-cache", "--rounds", "1", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("decoder cache device vs host")]
+    assert len(rows) == 6 and "PyTorch eager" not in proc.stdout  # the comparison only
+    assert_sane_figures(proc.stdout, ("batch 1, greedy", "batch 64, beam 4"))
+
+
 def test_bench_translate_runs_and_prints_its_table(tiny_translator_repository, tiny_translator_checkpoint):
     proc = run_module(
         "benchmarks.bench_translate",
