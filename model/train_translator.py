@@ -11,12 +11,22 @@ from a shipped entry's weights (read from its ONNX graphs), config and tokenizer
 fine-tuning on a widened corpus without the checkpoint the entry came from. ``--oversample ding=3``
 repeats the training pairs of one source domain (``train.domains``, written by the corpus builder)
 so many times each epoch: the weight of a small domain the model serves badly.
+
+For a GPU, where the time goes to Python and small kernels rather than arithmetic (docs/training/
+translator.md): ``--arrays FILE`` reads a pre-tokenised corpus (``model.translation.arrays``),
+``--batch-scale K`` trains on K times larger batches with the learning rate scaled by sqrt(K) and the
+warmup shortened K times, ``--compile`` runs the training forward through ``torch.compile``,
+``--bleu-every N`` decodes the validation sentences every N epochs only, and ``--benchmark STEPS``
+prints tokens per second and where a step's time goes instead of training. Each epoch's batches are
+padded and moved to the device before its first step, and a step never waits for the device (the
+losses are read every 20 steps); on CUDA AdamW runs fused and bf16 autocast is the default.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -28,13 +38,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from contract.manifest import ManifestError, load_entry
 from contract.tokenizer import Tokenizer, TokenizerError
 from model.cli import CliError, run_cli
-from model.onnx_weights import read_weights
 from model.seq2seq import Seq2Seq, Seq2SeqConfig, greedy_decode
+from model.step_clock import NO_CLOCK, Clock
 from model.training import inverse_sqrt, load_checkpoint, save_checkpoint, seed_everything
-from model.translation.batching import Example, encode_pairs, make_batches, pad_batch
+from model.translation.arrays import CorpusArrays, load_arrays
+from model.translation.batching import Batch, Example, device_batches, encode_pairs, make_batches, pad_batch
 from model.translation.textio import TextFileError, read_tsv
 
 PROFILES = {
@@ -72,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m model.train_translator", description=__doc__.splitlines()[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="default")
     p.add_argument("--data", type=Path, default=Path("data/translation"), help="corpus folder (default: %(default)s)")
+    p.add_argument(
+        "--arrays", type=Path, help="a pre-tokenised corpus (.npz) to read instead of --data and its tokenizer"
+    )
     p.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: <data>/spm/spm.model)")
     p.add_argument("--out", type=Path, help="checkpoint folder (default: checkpoints/translator-<profile>)")
     p.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
@@ -104,6 +117,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="repeat the training pairs of a source domain N times per epoch (repeatable)",
     )
     p.add_argument("--bleu-sentences", type=int, default=300, help="validation sentences decoded each epoch")
+    p.add_argument("--bleu-every", type=int, default=1, metavar="N", help="decode them every N epochs (and the last)")
+    p.add_argument(
+        "--batch-scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="K times the batch's tokens, sqrt(K) times the learning rate, warmup K times shorter",
+    )
+    p.add_argument("--compile", action="store_true", help="run the training forward through torch.compile")
+    p.add_argument("--benchmark", type=int, metavar="STEPS", help="time so many steps, print tokens/s and the split")
     p.add_argument("--keep-epochs", type=int, default=8, help="weights of the last N epochs kept for averaging")
     p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps (smoke tests)")
     p.add_argument("--no-progress", action="store_true")
@@ -133,6 +156,12 @@ def resolve_hparams(args: argparse.Namespace, vocab_size: int) -> dict:
         )
     except ValueError as e:
         raise CliError(f"bad model configuration: {e}") from None
+    if args.batch_scale <= 0 or args.bleu_every < 1:
+        raise CliError("need batch-scale > 0 and bleu-every >= 1")
+    if args.batch_scale != 1:  # the square-root rule for Adam: the same noise per token, warmup over as many tokens
+        k = args.batch_scale
+        hp["max_tokens"], hp["lr"] = round(hp["max_tokens"] * k), hp["lr"] * math.sqrt(k)
+        hp["warmup_steps"] = max(1, round(hp["warmup_steps"] / k))
     if hp["epochs"] < 1 or hp["max_tokens"] < hp["max_length"] or hp["lr"] <= 0 or hp["warmup_steps"] < 1:
         raise CliError("need epochs >= 1, max-tokens >= max-length, lr > 0 and warmup-steps >= 1")
     if hp["precision"] == "auto":
@@ -174,39 +203,76 @@ def oversample(data: Path, pairs: list[tuple[str, str]], factors: dict[str, int]
         domains = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise CliError(f"--oversample needs {path}: {e.strerror}") from None
-    if len(domains) != len(pairs):
-        raise CliError(f"{path} has {len(domains)} lines for {len(pairs)} training pairs: rebuild the corpus")
+    return repeat_domains(pairs, domains, factors, str(path))
+
+
+def repeat_domains(items: list, domains: list[str], factors: dict[str, int], where: str) -> list:
+    if len(domains) != len(items):
+        raise CliError(f"{where} has {len(domains)} lines for {len(items)} training pairs: rebuild the corpus")
     unknown = sorted(set(factors) - set(domains))
     if unknown:
         raise CliError(f"--oversample: no training pair is from {unknown[0]!r} (domains: {sorted(set(domains))})")
-    return [pair for pair, d in zip(pairs, domains, strict=True) for _ in range(factors.get(d, 1))]
+    return [item for item, d in zip(items, domains, strict=True) for _ in range(factors.get(d, 1))]
 
 
-def batch_loss(model: Seq2Seq, batch: list[Example], hp: dict, smoothing: float) -> tuple[torch.Tensor, int]:
-    device = next(model.parameters()).device
-    src, tgt = (t.to(device, non_blocking=True) for t in pad_batch(batch, model.cfg.pad_id))
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=hp["precision"] == "bf16"):
-        logits = model(src, tgt[:, :-1])
-    gold = tgt[:, 1:]
-    loss = F.cross_entropy(
+def load_examples(args: argparse.Namespace, corpus: CorpusArrays | None, tok: Tokenizer, hp: dict, factors: dict):
+    """(train examples, how many were too long, valid examples, the valid references) from the corpus
+    folder or its pre-tokenised arrays: the same examples in the same order either way."""
+    if corpus:
+        train, valid = corpus.examples("train"), corpus.examples("valid")
+        if factors:
+            train = repeat_domains(train, corpus.domains(), factors, f"{args.arrays} (train.domains)")
+        refs = corpus.valid_references()
+    else:
+        train_pairs, valid_pairs = load_split(args.data, "train"), load_split(args.data, "valid")
+        train_pairs = oversample(args.data, train_pairs, factors)
+        if hp["max_train"]:
+            train_pairs, valid_pairs = train_pairs[: hp["max_train"]], valid_pairs[: max(50, hp["max_train"] // 5)]
+        train, dropped = encode_pairs(tok, train_pairs, hp["max_length"])
+        valid, _ = encode_pairs(tok, valid_pairs, hp["max_length"])
+        return train, dropped, valid, [t for _, t in valid_pairs]
+    if hp["max_train"]:
+        train, valid = train[: hp["max_train"]], valid[: max(50, hp["max_train"] // 5)]
+    n = hp["max_length"]
+    kept = [ex for ex in train if len(ex.src) <= n and len(ex.tgt) <= n + 1]
+    return kept, len(train) - len(kept), [ex for ex in valid if len(ex.src) <= n and len(ex.tgt) <= n + 1], refs
+
+
+def batch_loss(forward, batch: Batch, hp: dict, smoothing: float, pad_id: int) -> torch.Tensor:
+    """Summed cross-entropy of a batch; ``forward`` is the model or its compiled form."""
+    with torch.autocast(batch.src.device.type, dtype=torch.bfloat16, enabled=hp["precision"] == "bf16"):
+        logits = forward(batch.src, batch.tgt[:, :-1])
+    return F.cross_entropy(
         logits.float().flatten(0, 1),
-        gold.flatten(),
-        ignore_index=model.cfg.pad_id,
+        batch.tgt[:, 1:].flatten(),
+        ignore_index=pad_id,
         label_smoothing=smoothing,
         reduction="sum",
     )
-    return loss, int((gold != model.cfg.pad_id).sum())
+
+
+def train_step(model: Seq2Seq, forward, opt, sched, batch: Batch, hp: dict, clock: Clock = NO_CLOCK) -> torch.Tensor:
+    """One optimiser step; returns the batch's mean token loss, still on the device (reading it waits)."""
+    with clock("forward"):
+        loss = batch_loss(forward, batch, hp, hp["label_smoothing"], model.cfg.pad_id) / batch.target_tokens
+    with clock("backward"):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    with clock("optimiser"):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return loss.detach()
 
 
 @torch.no_grad()
-def validate(model: Seq2Seq, batches: list[list[Example]], hp: dict) -> float:
-    """Mean per-token cross-entropy (no smoothing) over the validation batches."""
+def validate(model: Seq2Seq, batches: list[Batch], hp: dict) -> float:
+    """Mean per-token cross-entropy (no smoothing) over the validation batches, read once at the end."""
     model.eval()
-    total, tokens = 0.0, 0
+    total = torch.zeros((), dtype=torch.float64, device=batches[0].src.device)
     for batch in batches:
-        loss, n = batch_loss(model, batch, hp, 0.0)
-        total, tokens = total + loss.item(), tokens + n
-    return total / tokens
+        total += batch_loss(model, batch, hp, 0.0, model.cfg.pad_id).double()
+    return total.item() / sum(b.target_tokens for b in batches)
 
 
 def greedy_bleu(model: Seq2Seq, examples: list[Example], refs: list[str], tok: Tokenizer) -> tuple[float, float]:
@@ -217,6 +283,15 @@ def greedy_bleu(model: Seq2Seq, examples: list[Example], refs: list[str], tok: T
     return sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score
 
 
+def benchmark_validation(model: Seq2Seq, valid_batches, bleu_examples, bleu_refs, tok: Tokenizer, hp: dict) -> dict:
+    """Seconds of the end-of-epoch work: the validation loss, and greedy decoding for BLEU."""
+    t0 = time.perf_counter()
+    validate(model, valid_batches, hp)  # .item() at its end waits for the device
+    t1 = time.perf_counter()
+    greedy_bleu(model, bleu_examples, bleu_refs, tok)
+    return {"loss": round(t1 - t0, 3), "bleu": round(time.perf_counter() - t1, 3)}
+
+
 def build_optimizer(model: Seq2Seq, hp: dict) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
@@ -225,6 +300,7 @@ def build_optimizer(model: Seq2Seq, hp: dict) -> tuple[torch.optim.Optimizer, to
         lr=hp["lr"],
         betas=(0.9, 0.98),
         eps=1e-9,
+        fused=decay[0].device.type == "cuda",  # one kernel for every parameter instead of several per tensor
     )
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: inverse_sqrt(s, hp["warmup_steps"]))
 
@@ -239,6 +315,10 @@ def save_epoch_weights(folder: Path, epoch: int, model: Seq2Seq, keep: int) -> N
 def entry_start(path: Path) -> tuple[dict, dict[str, torch.Tensor], Path, dict]:
     """(config, state_dict, tokenizer file, where it came from) of a shipped translator entry; the last
     names the entry and keeps a summary of its own training, which the new manifest carries on."""
+    # imported here: the GPU job's machine has torch but not pydantic, which the manifest needs
+    from contract.manifest import ManifestError, load_entry
+    from model.onnx_weights import read_weights
+
     try:
         entry = load_entry(path)
         cfg, weights, _ = read_weights(entry)
@@ -278,8 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("checkpoints") / f"translator-{args.profile}"
     # with --resume too: the entry gives the tokenizer and config; the weights come from last.pt then
     start_from = entry_start(args.init_from) if args.init_from else None
+    corpus = load_arrays(args.arrays) if args.arrays else None
+    data = Path(corpus.meta["data"]) if corpus else args.data  # the folder whose test.tsv export reads
     try:
-        tok = Tokenizer.load(args.tokenizer or (start_from[2] if start_from else args.data / "spm" / "spm.model"))
+        if corpus and not (args.tokenizer or start_from):
+            tok = Tokenizer.from_bytes(corpus.tokenizer)
+        else:
+            tok = Tokenizer.load(args.tokenizer or (start_from[2] if start_from else args.data / "spm" / "spm.model"))
     except TokenizerError as e:
         raise CliError(f"{e} (train it: python -m model.translation.tokenizer --data {args.data})") from None
     hp = resolve_hparams(args, tok.vocab_size)
@@ -293,18 +378,13 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"the tokenizer has {tok.vocab_size} pieces, the entry's model {hp['config'].vocab_size}")
     cfg: Seq2SeqConfig = hp["config"]
     factors = parse_oversample(args.oversample)
-    train_pairs, valid_pairs = load_split(args.data, "train"), load_split(args.data, "valid")
-    train_pairs = oversample(args.data, train_pairs, factors)
-    if hp["max_train"]:
-        train_pairs, valid_pairs = train_pairs[: hp["max_train"]], valid_pairs[: max(50, hp["max_train"] // 5)]
-    train, dropped = encode_pairs(tok, train_pairs, hp["max_length"])
-    valid, _ = encode_pairs(tok, valid_pairs, hp["max_length"])
+    train, dropped, valid, valid_refs = load_examples(args, corpus, tok, hp, factors)
     if not train:
         raise CliError(f"no training pair is at most {hp['max_length']} tokens long")
-    valid_batches = make_batches(valid, hp["max_tokens"], None)
+    valid_batches = device_batches(make_batches(valid, hp["max_tokens"], None), cfg.pad_id, device)
     # evenly spaced: valid.tsv is ordered by source, and its head is all dictionary sentences (the hardest)
     bleu_examples = valid[:: max(1, len(valid) // max(1, args.bleu_sentences))][: args.bleu_sentences]
-    bleu_refs = [valid_pairs[ex.index][1] for ex in bleu_examples]
+    bleu_refs = [valid_refs[ex.index] for ex in bleu_examples]
 
     model = Seq2Seq(cfg)
     if start_from and not args.resume:
@@ -327,6 +407,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{hp['precision']} on {device} | {'resuming at epoch ' + str(state['epoch'] + 1) if args.resume else 'from ' + (state['init_from'] or {}).get('entry', 'scratch')}",
         file=sys.stderr,
     )
+    forward = torch.compile(model, dynamic=True) if args.compile else model
+    if args.benchmark:
+        from model.train_benchmark import benchmark
+
+        seed = torch.Generator().manual_seed(args.seed * 100_003)
+        batches = make_batches(train, hp["max_tokens"], seed)
+        report = benchmark(model, forward, opt, sched, batches, hp, args.benchmark, device)
+        report["validation_seconds"] = benchmark_validation(model, valid_batches, bleu_examples, bleu_refs, tok, hp)
+        report["epoch_seconds"] = round(len(batches) / report["steps_per_second"], 1)
+        print(json.dumps({"benchmark": report, "profile": args.profile, "params": model.num_parameters()}))
+        return 0
 
     def save_last() -> None:
         save_checkpoint(
@@ -346,22 +437,18 @@ def main(argv: list[str] | None = None) -> int:
     while state["epoch"] < hp["epochs"] and stop_reason is None:
         epoch = state["epoch"]
         batches = make_batches(train, hp["max_tokens"], torch.Generator().manual_seed(args.seed * 100_003 + epoch))
+        ready = device_batches(batches[state["batch"] :], cfg.pad_id, device)  # ready[i - state["batch"]]
         model.train()
+        first = state["batch"]
         bar = tqdm(
-            range(state["batch"], len(batches)),
+            range(first, len(batches)),
             desc=f"epoch {epoch + 1}/{hp['epochs']}",
             disable=args.no_progress,
             leave=False,
         )
         losses, last_save = [], time.time()
         for i in bar:
-            loss, n = batch_loss(model, batches[i], hp, hp["label_smoothing"])
-            opt.zero_grad(set_to_none=True)
-            (loss / n).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.detach() / n)
+            losses.append(train_step(model, forward, opt, sched, ready[i - first], hp))
             state["step"], state["batch"] = state["step"] + 1, i + 1
             if not args.no_progress and i % 20 == 0:  # .item() waits for the GPU: only now and then
                 bar.set_postfix(loss=f"{torch.stack(losses[-50:]).mean():.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
@@ -378,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
                 last_save = now
         if state["batch"] >= len(batches):
             val_loss = validate(model, valid_batches, hp)
-            bleu, chrf = greedy_bleu(model, bleu_examples, bleu_refs, tok)
+            decode = (epoch + 1) % args.bleu_every == 0 or epoch + 1 == hp["epochs"]
+            bleu, chrf = greedy_bleu(model, bleu_examples, bleu_refs, tok) if decode else (None, None)
             record = {
                 "epoch": epoch + 1,
                 "step": state["step"],
@@ -390,8 +478,9 @@ def main(argv: list[str] | None = None) -> int:
             }
             state["history"].append(record)
             print(
-                f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f} "
-                f"val greedy BLEU {bleu:.2f} chrF {chrf:.2f} ({record['seconds']:.0f} s)",
+                f"epoch {epoch + 1}: train loss {record['train_loss']:.4f} val loss {val_loss:.4f}"
+                + (f" val greedy BLEU {bleu:.2f} chrF {chrf:.2f}" if bleu is not None else "")
+                + f" ({record['seconds']:.0f} s)",
                 file=sys.stderr,
             )
             save_epoch_weights(out / "epochs", epoch + 1, model, args.keep_epochs)
@@ -410,7 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         "config": cfg.to_dict(),
         "tokenizer": {"model": tok.to_bytes(), "special_ids": tok.special.as_dict(), "vocab_size": tok.vocab_size},
         "training": {
-            "data": str(args.data),
+            "data": str(data),
+            **({"arrays": str(args.arrays)} if args.arrays else {}),
+            "batch_scale": args.batch_scale,
             "train_pairs": len(train),
             "valid_pairs": len(valid),
             "left_out_long": dropped,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 
 from contract.tokenizer import Tokenizer
@@ -68,12 +70,41 @@ def make_batches(
     return batches
 
 
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """(B, longest) ids, right-padded with ``pad_id``: one vectorised fill, no loop over rows."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    out = np.full((len(rows), int(lengths.max())), pad_id, dtype=np.int64)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = np.fromiter(chain.from_iterable(rows), dtype=np.int64)
+    return torch.from_numpy(out)
+
+
 def pad_batch(batch: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, S) source and (B, T) target ids, right-padded with ``pad_id``."""
-    s, t = max(len(ex.src) for ex in batch), max(len(ex.tgt) for ex in batch)
-    src = torch.full((len(batch), s), pad_id, dtype=torch.long)
-    tgt = torch.full((len(batch), t), pad_id, dtype=torch.long)
-    for row, ex in enumerate(batch):
-        src[row, : len(ex.src)] = torch.tensor(ex.src)
-        tgt[row, : len(ex.tgt)] = torch.tensor(ex.tgt)
-    return src, tgt
+    return pad_rows([ex.src for ex in batch], pad_id), pad_rows([ex.tgt for ex in batch], pad_id)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A padded batch where the model runs, and its number of target tokens, counted on the host
+    (reading it back from the device would wait for the GPU at every step)."""
+
+    src: torch.Tensor  # (B, S)
+    tgt: torch.Tensor  # (B, T): bos + target + eos
+    target_tokens: int  # the positions the loss is summed over (T - 1 per row, padding excluded)
+
+
+def device_batches(batches: Sequence[Sequence[Example]], pad_id: int, device: torch.device) -> list[Batch]:
+    """Every batch padded and moved to ``device`` at once, before the steps that use them."""
+    out = []
+    for batch in batches:
+        src, tgt = pad_batch(batch, pad_id)
+        if device.type == "cuda":
+            src, tgt = src.pin_memory(), tgt.pin_memory()
+        out.append(
+            Batch(
+                src.to(device, non_blocking=True),
+                tgt.to(device, non_blocking=True),
+                sum(len(ex.tgt) - 1 for ex in batch),
+            )
+        )
+    return out
