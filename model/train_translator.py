@@ -75,6 +75,13 @@ PROFILES = {
         "precision": "auto",
     },
 }
+PROFILES["wide"] = {
+    **PROFILES["default"],
+    # the GPU job's size (docs/training/translator.md): 2.6x translator/3's parameters in fp16 fits
+    # what one GPU run can send back; 3 decoder layers of 384 cost 1.?x translator/3's CPU decoding
+    "config": Seq2SeqConfig(dim=384, encoder_layers=6, decoder_layers=3, heads=6, ffn_dim=1536, dropout=0.1),
+    "epochs": 1000,  # the job's --minutes ends it
+}
 HPARAMS = ("epochs", "max_tokens", "lr", "warmup_steps", "label_smoothing", "max_train", "max_length", "precision")
 
 
@@ -505,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_pairs": len(train),
             "valid_pairs": len(valid),
             "left_out_long": dropped,
+            "tokens_per_epoch": tokens_per_epoch,
             "oversample": factors,
             "seed": args.seed,
             "threads": args.threads,
