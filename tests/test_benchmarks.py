@@ -6,6 +6,7 @@ be a positive number of its unit in a range no working measurement leaves.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -256,3 +257,31 @@ def test_bench_oip_compares_classify_rest_and_grpc_interleaved(tiny_vit_reposito
     assert sorted(ratio.findall(proc.stdout)) == sorted((a, b, c) for c in "14" for a, b in pairs)
     assert_sane_figures(proc.stdout, ("grpc vs rest, 1 clients", "grpc vs rest, 4 clients"))
     assert re.search(r"grpc vs rest, 4 clients: .*: gRPC not below REST: (MET|NOT MET)$", proc.stdout, re.MULTILINE)
+
+
+def test_soak_drives_every_route_through_an_unload_and_load_and_passes_its_verdict(tmp_path):
+    """18 s of the soak on the shipped models (real uvicorn, redis-server, HTTP and gRPC clients): both
+    models unloaded and loaded once. So short a run is all warm-up, so the growth bounds are wide here
+    (tests/benchmarks/test_soak.py checks them); every answer and the service's log are judged as in
+    the 30-minute run."""
+    out = tmp_path / "soak.json"
+    args = ("--minutes", "0.3", "--sample-seconds", "5", "--cycle-minutes", "0.08", "--unloaded-seconds", "3")
+    wide = ("--rss-growth-mib", "1024", "--fd-slack", "100", "--thread-slack", "100")
+    proc = run_module("benchmarks.soak", *args, *wide, "--json", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(
+        r"^verdict: PASS: 0 unexpected answers, 0 connection errors, [1-9]\d* documented", proc.stdout, re.MULTILINE
+    )
+    report = json.loads(out.read_text())
+    assert [c["model"] for c in report["cycles"]] == ["vit", "translator"]
+    samples = report["samples"]
+    assert len(samples) >= 4 and samples[-1]["t_s"] >= 18 and not samples[-1]["unloaded"]
+    assert all(s["rss_mib"] > 50 and s["fds"] > 5 and s["threads"] > 1 for s in samples)
+    assert 0 < max(s["redis_keys"] for s in samples) <= max(s["redis_keys_bound"] for s in samples)
+    answers = report["answers"]
+    routes = [r for r in answers if not r.startswith("POST /v2/repository/")]
+    assert len(routes) == 20 and all(counts.get("200", 0) + counts.get("404", 0) > 0 for counts in answers.values())
+    assert answers["GET /attention/{id}.png"]["200"] > 0 and answers["gRPC ModelInfer translator"]["200"] > 0
+    for model in ("vit", "translator"):
+        for action in ("unload", "load"):
+            assert answers[f"POST /v2/repository/models/{model}/{action}"] == {"200": 1}
