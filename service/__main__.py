@@ -27,6 +27,7 @@ def main() -> int:
         log_config=logging_config(settings.log_level, settings.log_format),
         access_log=False,  # the service logs each request itself, with its request id and latency
         server_header=False,
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=30,
     )
     return 0

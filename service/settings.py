@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     workers: int = Field(
         1, ge=1, le=64, description="uvicorn worker processes; each loads its own copy of every model."
     )
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        le=3600,
+        description="Seconds an idle keep-alive connection stays open. Longer than the idle timeout of the clients "
+        "and proxies in front (httpx 5 s, AWS ALB 60 s), so that they, not the service, close an idle connection: "
+        "one closed by the service just as a client sends on it loses that request.",
+    )
     log_level: LogLevel = Field("info", description="Minimum level of the service's logs.")
     log_format: LogFormat = Field("json", description="`json`: one JSON object per line; `text` for humans.")
     access_log: bool = Field(True, description="Log one line per request (method, path, status, latency).")
@@ -150,6 +158,14 @@ class Settings(BaseSettings):
         512, ge=1, le=1_000_000, description="Images queued per model before requests get 503 `overloaded`."
     )
     retry_after_s: int = Field(1, ge=1, le=3600, description="`Retry-After` seconds sent with 503 answers.")
+    max_requests_in_flight: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Requests that queue work (classify, translate, OIP infer) being read, queued or computed at once; "
+        "one more gets 503 `overloaded` at once, before its body is read. 0: `max_queue_images` + "
+        "`max_waiting_sequences`, the most requests the queues can hold.",
+    )
 
     # --- request limits -----------------------------------------------------------------------
     max_body_bytes: int = Field(16 * MiB, ge=1024, description="Largest request body (413 beyond).")
@@ -245,6 +261,13 @@ class Settings(BaseSettings):
     attention_max_bytes: int = Field(
         256 * MiB, ge=1 * MiB, description="Memory store: total size of kept maps; the least recently used go first."
     )
+
+    @property
+    def requests_in_flight_bound(self) -> int:
+        """``max_requests_in_flight``, or what 0 stands for: as many requests as the queues can hold (each
+        request takes one image or one decoder row at least); beyond that a request could only wait in
+        front of them, on the event loop, where nothing else bounds its wait."""
+        return self.max_requests_in_flight or self.max_queue_images + self.max_waiting_sequences
 
     @field_validator("version_policy", mode="after")
     @classmethod

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import __version__
 from service.attention.store import create_store
+from service.http.admission import InFlight
 from service.http.auth import Keys, read_hashes
 from service.http.cors import Cors
 from service.http.middleware import BodyLimitMiddleware, RequestContextMiddleware
@@ -121,7 +122,8 @@ class App(FastAPI):
         self.state.metrics = Metrics()
         self.routes_table = ROUTES
         hashes = read_hashes(settings.api_key_hashes, settings.api_key_hashes_file)
-        self.http_router = Router(ROUTES, Keys(hashes) if hashes else None, settings.protect_metrics)
+        in_flight = InFlight(settings.requests_in_flight_bound, settings.retry_after_s)
+        self.http_router = Router(ROUTES, Keys(hashes) if hashes else None, settings.protect_metrics, in_flight)
         stack: ASGIApp = BodyLimitMiddleware(
             self.http_router, max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s
         )

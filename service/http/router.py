@@ -30,6 +30,7 @@ from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
 from service.errors import DeadlineExceeded, ServiceError, error_format, is_protocol_path, log_server_error
+from service.http.admission import InFlight
 from service.http.auth import Keys
 from service.http.common import validated
 from service.http.deadlines import count_exceeded
@@ -103,12 +104,21 @@ class Router:
     """The routes as one ASGI app; ``serving`` is read from ``scope["app"].state`` at each request.
 
     With ``keys``, a route that needs one is answered 401 without a valid key; the key's fingerprint
-    is kept in ``scope["key_id"]`` for the access log and for the attention records it owns.
+    is kept in ``scope["key_id"]`` for the access log and for the attention records it owns. With
+    ``in_flight``, a route that queues work (``Route.deadline``) is answered 503 ``overloaded`` while
+    that many requests of such routes are in flight (``service/http/admission.py``).
     """
 
-    def __init__(self, routes: list[Route], keys: Keys | None = None, protect_metrics: bool = False) -> None:
+    def __init__(
+        self,
+        routes: list[Route],
+        keys: Keys | None = None,
+        protect_metrics: bool = False,
+        in_flight: InFlight | None = None,
+    ) -> None:
         self.routes = routes
         self.keys = keys
+        self.in_flight = in_flight
         self._guarded = {"key", "metrics"} if protect_metrics else {"key"}
         self._exact: dict[str, dict[str, Route]] = {}
         self._patterns: list[tuple[re.Pattern[str], dict[str, Convertor], dict[str, Route]]] = []
@@ -158,21 +168,29 @@ class Router:
         scope["route"] = route  # the metrics' route label
         scope["path_params"] = params
         request = Request(scope, receive)
+        admitted: InFlight | None = None  # counted while its answer is being made and sent, whatever happens
         try:
-            if self.keys is not None and route.access in self._guarded:  # = self.guards(route), inlined
-                scope["key_id"] = self.keys.check(request.headers.get("authorization"))
-            serving = scope["app"].state.serving
-            if route.query is None:
-                response = await route.handler(request, serving)
-            else:
-                response = await route.handler(request, serving, validated(route.query, dict(request.query_params)))
-        except ServiceError as e:
-            log_server_error(e)
-            if isinstance(e, DeadlineExceeded):
-                count_exceeded(scope)
-            response = error_format(scope["path"])(e.status, e.code, e.message, e.headers)
-        except HTTPException as e:
-            code = HTTP_CODES.get(e.status_code) or _status_code_name(e.status_code)
-            message = e.detail if isinstance(e.detail, str) else HTTPStatus(e.status_code).phrase
-            response = error_format(scope["path"])(e.status_code, code, message, e.headers)
-        await response(scope, receive, send)
+            try:
+                if self.keys is not None and route.access in self._guarded:  # = self.guards(route), inlined
+                    scope["key_id"] = self.keys.check(request.headers.get("authorization"))
+                if route.deadline and self.in_flight is not None:  # before the body is read: refusing costs little
+                    admitted = self.in_flight.enter()
+                serving = scope["app"].state.serving
+                if route.query is None:
+                    response = await route.handler(request, serving)
+                else:
+                    query = validated(route.query, dict(request.query_params))
+                    response = await route.handler(request, serving, query)
+            except ServiceError as e:
+                log_server_error(e)
+                if isinstance(e, DeadlineExceeded):
+                    count_exceeded(scope)
+                response = error_format(scope["path"])(e.status, e.code, e.message, e.headers)
+            except HTTPException as e:
+                code = HTTP_CODES.get(e.status_code) or _status_code_name(e.status_code)
+                message = e.detail if isinstance(e.detail, str) else HTTPStatus(e.status_code).phrase
+                response = error_format(scope["path"])(e.status_code, code, message, e.headers)
+            await response(scope, receive, send)
+        finally:
+            if admitted is not None:
+                admitted.leave()
