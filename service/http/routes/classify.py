@@ -228,7 +228,7 @@ ROUTES = [
             415: "Content type is neither JSON nor multipart.",
             422: "Invalid field (top_k out of range, too many or no images, an unknown field, ...).",
             500: "Inference failed; the request id identifies it in the logs.",
-            503: "Queue full or model not ready; see `Retry-After`.",
+            503: "Queue full, too many requests in flight, or model not ready; see `Retry-After`.",
             504: "The request's deadline passed before its answer was ready.",
         },
     )

@@ -207,7 +207,7 @@ ROUTES = [
             422: "Invalid field (neither or both of `text` and `texts`, a blank text, beam_size above the limit, "
             "num_return_sequences above beam_size, too many texts, `stream` with several texts, ...).",
             500: "Decoding failed; the request id identifies it in the logs.",
-            503: "Queue full or model not ready; see `Retry-After`.",
+            503: "Queue full, too many requests in flight, or model not ready; see `Retry-After`.",
             504: "The request's deadline passed before its answer was ready (a stream ends with an `error` event).",
         },
     )
