@@ -152,6 +152,7 @@ def summary(out: dict, seconds: float) -> dict:
         "outcomes": dict(sorted(out["outcomes"].items())),
         "refusals": dict(out["refusals"]),
         "answered": answered,
+        "ok_per_s": len(out["latency_ok"]) / seconds,
         "dropped": dropped,
         "share_503": status_503 / answered if answered else 0.0,
         **{f"{name}_s": percentile(out["latency"], q) for name, q in (("p50", 0.5), ("p99", 0.99))},
@@ -170,16 +171,18 @@ def summary(out: dict, seconds: float) -> dict:
 
 # ---- the services and the rounds --------------------------------------------------------------
 @contextlib.contextmanager
-def services(base: str | None, workdir: Path):
-    from benchmarks.bench_classify import Service
+def services(base: str | None, repository: Path, workdir: Path, head_settings: dict[str, str]):
+    from benchmarks.bench_classify import Service, pick_model
     from benchmarks.bench_versions import worktree
 
-    repository = (ROOT / "models").resolve()
+    repository = repository.resolve()
+    model, _, _ = pick_model(repository, None)
     with contextlib.ExitStack() as stack:
         trees = {"head": ROOT}
         if base:
             trees = {"base": stack.enter_context(worktree(base)), **trees}
-        running = {v: Service(v, repository, "vit", workdir, root=tree, **SETTINGS) for v, tree in trees.items()}
+        settings = {"base": SETTINGS, "head": {**SETTINGS, **head_settings}}
+        running = {v: Service(v, repository, model, workdir, root=tree, **settings[v]) for v, tree in trees.items()}
         try:
             for s in running.values():
                 s.wait_ready()
@@ -187,6 +190,22 @@ def services(base: str | None, workdir: Path):
         finally:
             for s in running.values():
                 s.stop()
+
+
+def server_side(log: Path, offset: int) -> dict:
+    """The service's own latency of its answers since ``offset`` in its log (access log lines): from the
+    request's headers to its answer, without the time in front of the app (accept, read, the client)."""
+    durations = []
+    with open(log, "rb") as f:
+        f.seek(offset)
+        for raw in f:
+            try:
+                entry = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if entry.get("logger") == "attnserve.access" and entry.get("path") in ("/classify", "/translate"):
+                durations.append(entry["duration_ms"] / 1000)
+    return {"server_p50_s": percentile(durations, 0.5), "server_p99_s": percentile(durations, 0.99)}
 
 
 def run_load(url: str, args: argparse.Namespace) -> dict:
@@ -200,16 +219,25 @@ def run_load(url: str, args: argparse.Namespace) -> dict:
 
 def line(version: str, r: dict) -> str:
     return (
-        f"{version}: {r['answered']} answered, {r['dropped']} closed without an answer, 503 {r['share_503']:.1%}; "
+        f"{version}: {r['answered']} answered ({r['ok_per_s']:.0f} 200s/s), {r['dropped']} closed without an answer, "
+        f"503 {r['share_503']:.1%}; "
         f"p50 {r['p50_s']:.2f} s, p99 {r['p99_s']:.2f} s, max {r['max_s']:.2f} s (200s: p50 {r['ok_p50_s']:.2f} s, "
-        f"p99 {r['ok_p99_s']:.2f} s)"
+        f"p99 {r['ok_p99_s']:.2f} s); in the service: p50 {r['server_p50_s']:.2f} s, p99 {r['server_p99_s']:.2f} s"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_overload", description=__doc__.splitlines()[0])
     p.add_argument("--base", help="a git revision to compare this checkout with, interleaved")
+    p.add_argument("--repository", type=Path, default=ROOT / "models", help="with a classifier and a translator")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--head-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of this checkout's service only",
+    )
     p.add_argument("--duration", type=float, default=15.0, help="seconds of load per run")
     p.add_argument("--classify-clients", type=int, default=256)
     p.add_argument("--translate-clients", type=int, default=192)
@@ -221,12 +249,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     workdir = Path(tempfile.mkdtemp(prefix="bench-overload-"))
     results: dict[str, list[dict]] = {}
-    with services(args.base, workdir) as running:
+    head_settings = dict(item.split("=", 1) for item in args.head_setting)
+    with services(args.base, args.repository, workdir, head_settings) as running:
         versions = list(running)
         for r in range(args.rounds):
             for version in versions if r % 2 == 0 else versions[::-1]:
                 time.sleep(args.settle)
+                offset = running[version].log_path.stat().st_size
                 result = run_load(running[version].url, args)
+                time.sleep(0.1)  # the access log is written in batches, at most 20 ms after each request
+                result.update(server_side(running[version].log_path, offset))
                 results.setdefault(version, []).append(result)
                 print(f"round {r + 1} {line(version, result)}", flush=True)
                 print(f"  {result['by_route']} {result['refusals']}", flush=True)
@@ -237,12 +269,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  dropped: {drop}", flush=True)
     print(f"\nmedians of {args.rounds} rounds ({args.duration:g} s each; logs in {workdir}):")
     for version, rounds in results.items():
-        med = {k: statistics.median(r[k] for r in rounds) for k in ("p50_s", "p99_s", "max_s", "share_503")}
+        keys = ("p50_s", "p99_s", "max_s", "share_503", "ok_per_s", "server_p50_s", "server_p99_s")
+        med = {k: statistics.median(r[k] for r in rounds) for k in keys}
         dropped = sum(r["dropped"] for r in rounds)
         answered = sum(r["answered"] for r in rounds)
         print(
             f"{version}: p50 {med['p50_s']:.2f} s, p99 {med['p99_s']:.2f} s, max {med['max_s']:.2f} s, "
-            f"503 {med['share_503']:.1%}; closed without an answer: {dropped} of {answered + dropped} requests"
+            f"503 {med['share_503']:.1%}, {med['ok_per_s']:.0f} 200s/s (in the service: p50 {med['server_p50_s']:.2f} s, p99 {med['server_p99_s']:.2f} s); "
+            f"closed without an answer: {dropped} of {answered + dropped} requests"
         )
     return 0
 
