@@ -285,3 +285,26 @@ def test_soak_drives_every_route_through_an_unload_and_load_and_passes_its_verdi
     for model in ("vit", "translator"):
         for action in ("unload", "load"):
             assert answers[f"POST /v2/repository/models/{model}/{action}"] == {"200": 1}
+
+
+def test_bench_overload_counts_every_outcome_of_both_versions(
+    tiny_vit_repository, tiny_translator_repository, tmp_path
+):
+    repo = tmp_path / "models"
+    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
+    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
+    proc = run_module(
+        "benchmarks.bench_overload", "--base", "HEAD", "--repository", str(repo), "--rounds", "1", "--duration", "2",
+        "--classify-clients", "8", "--translate-clients", "4", "--settle", "0", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    medians = {line.split(":")[0]: line for line in proc.stdout.splitlines() if line.startswith(("base:", "head:"))}
+    assert set(medians) == {"base", "head"}, proc.stdout
+    for line in medians.values():
+        clients, service = line.split(" (in the service: ")
+        p50, p99, longest = (float(x) for x in re.findall(r"(?:p50|p99|max) (\d+\.\d+) s", clients))
+        served_p50, served_p99 = (float(x) for x in re.findall(r"(?:p50|p99) (\d+\.\d+) s", service))
+        ok_per_s = float(re.search(r"(\d+) 200s/s", clients)[1])
+        answered = re.search(r"closed without an answer: (\d+) of (\d+) requests", service)
+        assert 0 <= p50 <= p99 <= longest < 60 and 0 < longest and 0 <= served_p50 <= served_p99 < 60, line
+        assert ok_per_s > 0 and answered and int(answered[2]) > 0, line

@@ -165,7 +165,10 @@ _HEADER_LENGTH = {
 
 def _routes() -> list[Route]:
     common = {"tags": ("open inference protocol",)}
-    errors = {404: "No such model or version.", 503: "Not ready, the queue is full, or too many requests in flight (`Retry-After`)."}
+    errors = {
+        404: "No such model or version.",
+        503: "Not ready, the queue is full, or too many requests in flight (`Retry-After`).",
+    }
     infer_errors = {
         **errors,
         400: "Invalid JSON, or an invalid `timeout` parameter or `X-Request-Timeout`.",
