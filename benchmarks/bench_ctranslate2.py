@@ -83,6 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repository", type=Path, default=Path("models"))
     p.add_argument("--name", default="translator")
     p.add_argument("--version", help="the entry's version (default: the highest)")
+    p.add_argument(
+        "--ours",
+        type=Path,
+        help="run our loop on this entry instead, a variant of the same weights (e.g. one python -m export.fuse "
+        "wrote); its int8 variant is quantised here from it. CTranslate2 is still built from the entry",
+    )
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is kept (default 5)")
     p.add_argument(
         "--threads", type=int, nargs="+", default=[1, 2], help="intra-op thread counts to try, for each engine (1 2)"
@@ -118,15 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         model_dir = convert(entry_dir, Path(tmp) / "ct2")
         converted_s = time.perf_counter() - start
-        int8_dir, int8_origin = int8_variant(args.repository, args.name, entry_dir, Path(tmp) / "repo")
-        folders = {"ours fp32": entry_dir, "ours int8": int8_dir}
+        ours_dir = args.ours or entry_dir
+        int8_dir, int8_origin = int8_variant(
+            args.repository if args.ours is None else Path(tmp), args.name, ours_dir, Path(tmp) / "repo"
+        )
+        folders = {"ours fp32": ours_dir, "ours int8": int8_dir}
         bare = {e: Bare(folders[e.name], Settings(intra_op_threads=e.threads)) for e in engines if e.ours}
         ct2 = {e: translator(model_dir, e.threads, COMPUTE_TYPES[e.name]) for e in engines if not e.ours}
     fp32 = next(b for e, b in bare.items() if e.name == "ours fp32")
     service_threads = Settings().intra_op_threads or max(1, (os.cpu_count() or 2) - 1)
     print(
         f"{args.name}/{entry_dir.name}: {fp32.manifest.model['parameters']:,} parameters, CTranslate2 model built "
-        f"from {entry_dir} in {converted_s:.1f} s; our int8 variant: {int8_origin}; CTranslate2 "
+        f"from {entry_dir} in {converted_s:.1f} s; our loop on {ours_dir}; our int8 variant: {int8_origin}; CTranslate2 "
         f"{ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}; {os.cpu_count()} cores (the service "
         f"runs onnxruntime on {service_threads} intra-op thread(s) here); medians of {args.rounds} rounds"
     )

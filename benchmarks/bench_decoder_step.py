@@ -1,0 +1,94 @@
+"""One decoder step of translator entries, interleaved: nodes onnxruntime runs and ms per step.
+
+``python -m benchmarks.bench_decoder_step models/translator/3 models/translator-fused/3 --rounds 15``
+
+Times each entry's ``decoder.onnx`` alone (no decoding loop) at batch 1, 16 and 64 rows, a 24-column
+cache and 20 source positions, on sessions built as the service builds them on the CPU (full
+optimisation, ``--threads`` intra-op threads). In each round every entry runs in turn; the median of
+the rounds is kept, with the spread of the per-round ratio to the first entry. The inputs are random
+but the same for every entry; the largest log-prob difference to the first entry is printed beside.
+What it answers: whether a rewritten step graph (``export.fuse``) is faster than the exported one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from contract.decoding import DecoderSpec, decoder_inputs
+from contract.manifest import load_entry
+from export.fuse import ort_nodes
+
+BATCHES = (1, 16, 64)
+CACHE, SOURCE = 24, 20  # columns of the cache buffer, source positions
+MIN_SECONDS = 0.1  # each measurement repeats the step until it lasts about this long
+
+
+def feeds(spec: DecoderSpec, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    names = decoder_inputs(spec.layers)
+    out = {
+        "tokens": rng.integers(4, 1000, (rows, 1)),
+        "positions": np.full((rows, 1), CACHE, np.int64),
+        "cache_mask": np.ones((rows, CACHE), bool),
+        "src_mask": np.ones((rows, SOURCE), bool),
+    }
+    out["cache_mask"][::2, :3] = False  # every other row joined three steps later (left-padded)
+    for name in names[4:]:
+        width = CACHE if name.startswith("past") else SOURCE
+        out[name] = rng.standard_normal((rows, spec.heads, width, spec.head_dim)).astype(np.float32)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_decoder_step", description=__doc__.splitlines()[0])
+    p.add_argument("entries", type=Path, nargs="+", help="translator entries; ratios are to the first")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
+    graphs, specs = [], []
+    for entry in args.entries:
+        m = load_entry(entry).manifest
+        graphs.append(entry / m.graph("decoder").file)
+        specs.append(DecoderSpec.from_manifest(m))
+    sessions = [ort.InferenceSession(str(g), opts, providers=["CPUExecutionProvider"]) for g in graphs]
+    print(f"onnxruntime {ort.__version__}, {args.threads} intra-op thread(s), medians of {args.rounds} rounds")
+    for entry, graph in zip(args.entries, graphs):
+        print(f"{entry!s:<40} {ort_nodes(graph):>4} nodes per step after onnxruntime's optimisation")
+    for rows in BATCHES:
+        inputs = feeds(specs[0], rows, np.random.default_rng(rows))
+        first = [s.run(["log_probs"], inputs)[0] for s in sessions]
+        reps = []
+        for s in sessions:
+            start = time.perf_counter()
+            s.run(None, inputs)
+            reps.append(max(1, round(MIN_SECONDS / (time.perf_counter() - start))))
+        ms: list[list[float]] = [[] for _ in sessions]
+        for r in range(args.rounds):
+            for k in [(r + i) % len(sessions) for i in range(len(sessions))]:
+                start = time.perf_counter()
+                for _ in range(reps[k]):
+                    sessions[k].run(None, inputs)
+                ms[k].append((time.perf_counter() - start) / reps[k] * 1e3)
+        cells = []
+        for k, entry in enumerate(args.entries):
+            ratio = [a / b for a, b in zip(ms[0], ms[k])]
+            drift = float(np.abs(first[k] - first[0]).max())
+            cells.append(
+                f"{entry.parent.name}: {statistics.median(ms[k]):.3f} ms "
+                f"({statistics.median(ratio):.2f}x, {min(ratio):.2f}-{max(ratio):.2f}; |dlog_probs| {drift:.0e})"
+            )
+        print(f"batch {rows:>3}  " + "  ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
