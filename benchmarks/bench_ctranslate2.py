@@ -15,7 +15,9 @@ event loop: on two cores it runs onnxruntime on one; both counts are printed). E
 exactly that many tokens per sentence (end-of-sentence ruled out: ``without_eos`` for ours,
 ``min_decoding_length`` for CTranslate2; checked on the first run). In each of ``--rounds`` rounds
 every configuration runs every engine in turn (the order rotating by round); the median of the
-rounds is kept. Skipped, with a note, when ctranslate2 is not installed.
+rounds is kept. ``--ours`` runs our loop on a variant of the entry with the same weights (a fused
+decoder from ``python -m export.fuse``), CTranslate2 still built from the entry. Skipped, with a
+note, when ctranslate2 is not installed.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         int8_dir, int8_origin = int8_variant(
             args.repository if args.ours is None else Path(tmp), args.name, ours_dir, Path(tmp) / "repo"
         )
+        if args.ours is not None:
+            int8_origin = f"quantised here from {ours_dir} as export.quantize does"
         folders = {"ours fp32": ours_dir, "ours int8": int8_dir}
         bare = {e: Bare(folders[e.name], Settings(intra_op_threads=e.threads)) for e in engines if e.ours}
         ct2 = {e: translator(model_dir, e.threads, COMPUTE_TYPES[e.name]) for e in engines if not e.ours}

@@ -5,7 +5,8 @@
 Times each entry's ``decoder.onnx`` alone (no decoding loop) at batch 1, 16 and 64 rows, a 24-column
 cache and 20 source positions, on sessions built as the service builds them on the CPU (full
 optimisation, ``--threads`` intra-op threads). In each round every entry runs in turn; the median of
-the rounds is kept, with the spread of the per-round ratio to the first entry. The inputs are random
+the rounds is kept, with the ratio to the first entry (its time over this one's: above 1, faster) and
+that ratio's lowest and highest single round. The inputs are random
 but the same for every entry; the largest log-prob difference to the first entry is printed beside.
 What it answers: whether a rewritten step graph (``export.fuse``) is faster than the exported one.
 """
