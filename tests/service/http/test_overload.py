@@ -113,4 +113,5 @@ def test_every_request_is_answered_and_every_refusal_is_a_503_with_retry_after(s
     in_flight = f"the service has {LIMITS['max_requests_in_flight']} requests in flight"
     assert in_flight in messages, messages  # refused at once, before their bodies were read
     [(first, here), (second, there)] = reused
-    assert (first, second) == (200, 200) and here == there, reused  # the same connection, still open
+    # the same connection, still open (the load runs meanwhile, so either request may be refused)
+    assert {first, second} <= {200, 503} and here == there, reused
