@@ -308,3 +308,18 @@ def test_bench_overload_counts_every_outcome_of_both_versions(
         answered = re.search(r"closed without an answer: (\d+) of (\d+) requests", service)
         assert 0 <= p50 <= p99 <= longest < 60 and 0 < longest and 0 <= served_p50 <= served_p99 < 60, line
         assert ok_per_s > 0 and answered and int(answered[2]) > 0, line
+
+
+def test_bench_decoder_step_times_entries_side_by_side():
+    """The shipped translator against itself: every batch row has both entries' times, and the same graph
+    gives the same log-probs (a drift here would mean the inputs differ between entries)."""
+    entry = "models/translator/3"  # run_module runs in the repository root
+    proc = run_module("benchmarks.bench_decoder_step", entry, entry, "--rounds", "2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert len(re.findall(r"^models/translator/3 +\d+ nodes per step", proc.stdout, re.MULTILINE)) == 2, proc.stdout
+    rows = re.findall(r"^batch +(\d+) +(.*)$", proc.stdout, re.MULTILINE)
+    assert [int(b) for b, _ in rows] == [1, 16, 64], proc.stdout
+    for _, cells in rows:
+        times = re.findall(r"translator: ([\d.]+) ms \([\d.]+x, [\d.]+-[\d.]+; \|dlog_probs\| (\S+)\)", cells)
+        assert len(times) == 2 and all(0 < float(ms) < 10_000 for ms, _ in times), cells
+        assert all(float(d) == 0.0 for _, d in times), cells
