@@ -24,6 +24,7 @@ from pathlib import Path
 
 from contract.manifest import ManifestError
 from service.errors import ModelNotFound, ServiceError
+from service.memory import release_freed_memory
 from service.registry import Registry, ServedModel, Status
 from service.versions import model_policy, parse_setting, version_folders
 
@@ -53,6 +54,7 @@ class Lifecycle:
         self._doing: dict[str, str] = {}  # model -> what it is doing now, for a request that finds it busy
         self._fingerprints: dict[str, tuple] = {}  # "name/version" -> the folder as it was when it failed
         self._poll: asyncio.Task | None = None
+        self._releases: set[asyncio.Task] = set()
 
     # ---- the repository extension --------------------------------------------------------------
     def index(self) -> list[dict]:
@@ -98,6 +100,7 @@ class Lifecycle:
                     self._doing[name] = f"unloading version {version}"
                     await self.registry.retire(versions[version])
                     versions.pop(version, None)
+            self._release_memory_later()
             failed = [versions[v] for v in fresh if versions[v].status is Status.FAILED]
             if failed:
                 raise ModelLoadFailed("; ".join(f"{m.key} failed to load: {m.reason}" for m in failed))
@@ -113,6 +116,19 @@ class Lifecycle:
             self.registry.versions.pop(name, None)
             self.registry.policies.pop(name, None)
             self.registry.added_later.discard(name)
+            self._release_memory_later()
+
+    def _release_memory_later(self, after_s: float = 1.0) -> None:
+        """Once this call has returned and the requests that still held a retired version are answered,
+        give the heap pages its sessions freed back to the system (``service.memory``), in a thread."""
+
+        async def release() -> None:
+            await asyncio.sleep(after_s)
+            await asyncio.to_thread(release_freed_memory)
+
+        task = asyncio.get_running_loop().create_task(release(), name="release-freed-memory")
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     def _changed_since_failure(self, model: ServedModel) -> bool:
         """A failed version is tried again only once its folder changed (a copy finished, a file fixed)."""
@@ -139,6 +155,10 @@ class Lifecycle:
             self._poll.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poll
+        for task in list(self._releases):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _poll_loop(self, every_s: float) -> None:
         while not self.registry.loaded:
