@@ -8,6 +8,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.logs import configure_logging, logging_config
+from service.memory import limit_arenas
 from service.settings import Settings, explain
 
 
@@ -18,6 +19,7 @@ def main() -> int:
         print(f"attnserve: invalid settings: {explain(e)}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    limit_arenas()  # before uvicorn, onnxruntime and the worker pools start their threads
     uvicorn.run(
         "service.http.app:create_app",
         factory=True,
