@@ -5,7 +5,7 @@ repository side by side (the revision from a temporary ``git worktree``), and ea
 one then the other, their order alternating from round to round (on these machines the second of two
 back-to-back runs is faster). The loads: ``POST /classify`` with one image per request at 1 and 64
 clients and 16 images per request at 32 clients (wrk, real Fashion-MNIST PNGs as JSON), and
-``POST /translate`` of one real sentence per request, greedy at 8 clients and beam 4 at 4 clients.
+``POST /translate`` of one real sentence per request, greedy at 1, 8 and 32 clients and beam 4 at 4 clients.
 It prints, for each load, the median requests/s and p99 of each version over the rounds, the ratio
 of the medians (this checkout / the revision) and the lowest and highest ratio of a single round;
 the A/A run (``--base HEAD`` on a clean checkout) shows how far apart two identical versions land.
@@ -66,7 +66,7 @@ def loads(workdir: Path, repository: Path, translate: bool) -> list[Load]:
         Load("classify, 32 clients x 16 images", "/classify", 32, write_script(workdir, "c16", multi, content_type)),
     ]
     if translate:
-        for name, beam, clients in (("greedy", 1, 8), ("beam 4", 4, 4)):
+        for name, beam, clients in (("greedy", 1, 1), ("greedy", 1, 8), ("greedy", 1, 32), ("beam 4", 4, 4)):
             script = write_script(workdir, f"t{beam}", translate_bodies(beam), "application/json", "/translate")
             out.append(Load(f"translate, {clients} clients, {name}", "/translate", clients, script))
     return out

@@ -23,7 +23,8 @@ Graphs are plain callables from input names to output names (an onnxruntime sess
 The cache is preallocated: one (rows, H, C, Dh) buffer per layer and for keys and values, with room
 for C positions of which the first ``width`` are in use (``cache_mask`` marks the real ones: rows
 that joined later are left-padded). A step writes the new keys and values into column ``width``; the
-buffers grow by ``GROW`` columns when full. So no step copies a cache: a stacked (L, ...) cache
+buffers grow by ``GROW`` columns when full; they have rows to spare, so that requests join and leave
+without moving the other rows (``contract/batch_rows.py``). So no step copies a cache: a stacked (L, ...) cache
 costs onnxruntime a split and a stack per step, and returning past + new a concatenation (26% and
 then 9-11% of the step graph's time at 64 rows). The exported graph has no per-step attention
 outputs: a translation's maps come from ``decoder_prefix`` in one run, when asked for.
@@ -38,11 +39,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from contract.batch_rows import GROW, Rows, joined_capacity, spare_rows, trim_points
 from contract.manifest import Manifest, ManifestError
 from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 Graph = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-GROW = 16  # cache columns added when a batch's buffers are full
 # Sources are encoded in runs of similar length, a run costing about this many padded positions more
 # than its sentences: 16 sentences of 3 to 34 tokens encode in 25 ms in 4 runs, 49 ms in one (544
 # positions for 226 tokens), 37 ms one by one (1 intra-op thread).
@@ -185,11 +186,30 @@ class DecodeBatch:
         cross_keys: list[np.ndarray],
         cross_values: list[np.ndarray],
         src_mask: np.ndarray,
+        rows: Rows | None = None,
     ) -> None:
         self.requests = requests
         self.tokens, self.past_keys, self.past_values, self.cache_mask = tokens, past_keys, past_values, cache_mask
         self.width = width
         self.cross_keys, self.cross_values, self.src_mask = cross_keys, cross_values, src_mask
+        self.rows = rows  # the buffers the arrays above are the first rows of; None: no rows to spare
+
+    @classmethod
+    def over(cls, rows: Rows, requests: list[DecodeRequest], tokens: np.ndarray, width: int) -> DecodeBatch:
+        """The batch whose arrays are the first ``len(tokens)`` rows of ``rows``."""
+        n = len(tokens)
+        return cls(
+            requests,
+            tokens,
+            [k[:n] for k in rows.past_keys],
+            [v[:n] for v in rows.past_values],
+            rows.cache_mask[:n],
+            width,
+            [k[:n] for k in rows.cross_keys],
+            [v[:n] for v in rows.cross_values],
+            rows.src_mask[:n],
+            rows,
+        )
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -250,73 +270,68 @@ class DecodeBatch:
         self.width = t + 1
 
     def _grow(self) -> None:
-        """``GROW`` more columns, zero and masked, on every buffer (a full buffer: every column is copied)."""
-        pad = ((0, 0), (0, 0), (0, GROW), (0, 0))
-        self.past_keys = [np.pad(k, pad) for k in self.past_keys]
-        self.past_values = [np.pad(v, pad) for v in self.past_values]
-        self.cache_mask = np.pad(self.cache_mask, ((0, 0), (0, GROW)))
+        """``GROW`` more columns, zero and masked, on every cache buffer: new buffers, the rows in use copied."""
+        n, rows = len(self), self.rows
+        if rows is None:
+            rows = Rows.allocate(self, spare_rows(n, None), self.capacity + GROW, self.src_mask.shape[1])
+            rows.write(0, self, self.width)
+        else:
+            grown = []
+            for old in rows.caches():
+                new = np.empty((len(rows), old.shape[1], old.shape[2] + GROW, old.shape[3]), old.dtype)
+                new[:n, :, : old.shape[2]] = old[:n]
+                new[:n, :, old.shape[2] :] = 0
+                grown.append(new)
+            mask = np.zeros((len(rows), rows.capacity + GROW), bool)
+            mask[:n, : rows.capacity] = rows.cache_mask[:n]
+            layers = len(self.past_keys)
+            rows = Rows(grown[:layers], grown[layers:], mask, rows.cross_keys, rows.cross_values, rows.src_mask)
+        self.rows = rows
+        self.past_keys, self.past_values = [k[:n] for k in rows.past_keys], [v[:n] for v in rows.past_values]
+        self.cross_keys, self.cross_values = [k[:n] for k in rows.cross_keys], [v[:n] for v in rows.cross_values]
+        self.cache_mask, self.src_mask = rows.cache_mask[:n], rows.src_mask[:n]
 
     def take(self, rows: np.ndarray, requests: list[DecodeRequest], tokens: np.ndarray) -> DecodeBatch:
-        """The batch made of ``rows`` (in that order), trimmed of cache and source columns no row uses."""
+        """The batch made of ``rows`` (in that order); cache and source columns no row uses are dropped when
+        there are ``GROW`` or more of them (:func:`~contract.batch_rows.trim_points`). Otherwise the rows
+        move within this batch's buffers, which the returned batch shares: this one is spent."""
         cache_mask, src_mask = self.cache_mask[rows], self.src_mask[rows]
-        used = cache_mask[:, : self.width].any(0)
-        first = int(np.argmax(used)) if used.any() else self.width
-        last = int(src_mask.shape[1] - np.argmax(src_mask.any(0)[::-1])) if len(rows) else 0
-        return DecodeBatch(
-            requests,
-            tokens,
-            [k[rows, :, first:] for k in self.past_keys],
-            [v[rows, :, first:] for v in self.past_values],
-            cache_mask[:, first:],
-            self.width - first,
-            [k[rows, :, :last] for k in self.cross_keys],
-            [v[rows, :, :last] for v in self.cross_values],
-            src_mask[:, :last],
-        )
+        first, last = trim_points(cache_mask, src_mask, self.width)
+        if self.rows is not None and first == 0 and last == self.src_mask.shape[1]:
+            self.rows.gather(rows)
+            return DecodeBatch.over(self.rows, requests, tokens, self.width)
+        room = len(self.rows) if self.rows is not None else None
+        full = Rows.allocate(self, spare_rows(len(rows), room), self.capacity - first, last)
+        m = len(rows)
+        for new, old in zip(full.caches(), [*self.past_keys, *self.past_values]):
+            new[:m] = old[rows, :, first:]
+        for new, old in zip(full.crosses(), [*self.cross_keys, *self.cross_values]):
+            new[:m] = old[rows, :, :last]
+        full.cache_mask[:m], full.src_mask[:m] = cache_mask[:, first:], src_mask[:, :last]
+        return DecodeBatch.over(full, requests, tokens, self.width - first)
 
 
-def concatenate(a: Batch, b: Batch) -> Batch:
-    """One batch of both; caches are left-aligned to the wider one's width (padding masked), sources right-padded."""
+def concatenate(a: Batch, b: Batch, room: int | None = None) -> Batch:
+    """One batch of both; caches are left-aligned to the wider one's width (padding masked), sources right-padded.
+
+    When b fits a's buffers (spare rows, no wider cache, no longer source) its rows are written into
+    them and a's rows stay where they are; otherwise new buffers are made, with room for ``room`` rows
+    (the most the caller will join; default half again). Either way a is spent."""
     if not len(a):
         return b
     if not len(b):
         return a
     if not isinstance(a, DecodeBatch):
         return a.concatenate(b)
+    n, m = len(a), len(b)
     width, s = max(a.width, b.width), max(a.src_mask.shape[1], b.src_mask.shape[1])
-    capacity = width + GROW
-
-    def caches(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Both batches' used columns, each ending at ``width``, in new buffers of ``capacity`` columns."""
-        out = np.zeros((len(x) + len(y), *x.shape[1:2], capacity, *x.shape[3:]), dtype=x.dtype)
-        out[: len(x), :, width - a.width : width] = x[:, :, : a.width]
-        out[len(x) :, :, width - b.width : width] = y[:, :, : b.width]
-        return out
-
-    mask = np.zeros((len(a) + len(b), capacity), dtype=bool)
-    mask[: len(a), width - a.width : width] = a.cache_mask[:, : a.width]
-    mask[len(a) :, width - b.width : width] = b.cache_mask[:, : b.width]
-
-    def sources(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
-        """Stacked along rows, right-padded with zeros/False to ``s`` along ``axis``."""
-        parts = []
-        for z in (x, y):
-            pad = [(0, 0)] * z.ndim
-            pad[axis] = (0, s - z.shape[axis])
-            parts.append(np.pad(z, pad) if z.shape[axis] < s else z)
-        return np.concatenate(parts)
-
-    return DecodeBatch(
-        a.requests + b.requests,
-        np.concatenate([a.tokens, b.tokens]),
-        [caches(x, y) for x, y in zip(a.past_keys, b.past_keys)],
-        [caches(x, y) for x, y in zip(a.past_values, b.past_values)],
-        mask,
-        width,
-        [sources(x, y, 2) for x, y in zip(a.cross_keys, b.cross_keys)],
-        [sources(x, y, 2) for x, y in zip(a.cross_values, b.cross_values)],
-        sources(a.src_mask, b.src_mask, 1),
-    )
+    capacity = joined_capacity(a.width, a.capacity, b.width)
+    rows = a.rows
+    if rows is None or len(rows) < n + m or b.width > a.width or capacity != rows.capacity or s != rows.source:
+        rows = Rows.allocate(a, spare_rows(n + m, room), capacity, s)
+        rows.write(0, a, width)
+    rows.write(n, b, width)
+    return DecodeBatch.over(rows, a.requests + b.requests, np.concatenate([a.tokens, b.tokens]), width)
 
 
 def top_candidates(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ import threading
 import numpy as np
 import onnxruntime as ort
 
+from contract.batch_rows import joined_capacity, trim_points
 from contract.decoding import (
     GROW,
     DecodeRequest,
@@ -300,9 +301,7 @@ class DeviceBatch:
         if not len(rows):
             return DeviceBatch(g, [], tokens, [], self._mask[:0], 0, [], self._src_mask[:0])
         cache_mask, src_mask = self._mask[rows], self._src_mask[rows]
-        used = cache_mask[:, : self.width].any(0)
-        first = int(np.argmax(used)) if used.any() else self.width
-        last = int(src_mask.shape[1] - np.argmax(src_mask.any(0)[::-1]))
+        first, last = trim_points(cache_mask, src_mask, self.width)
         caches, cross = cache_graphs.caches(g.layers), cache_graphs.cross(g.layers)
         feeds = dict(zip(caches, self.past)) | dict(zip(cross, self.cross))
         feeds |= {"rows": rows, "first": np.array([first], np.int64), "last": np.array([last], np.int64)}
@@ -324,7 +323,7 @@ class DeviceBatch:
             raise TypeError("a device batch joins device batches only")
         a, b, g = self, other, self.graphs
         width, s = max(a.width, b.width), max(a._src_mask.shape[1], b._src_mask.shape[1])
-        capacity = width + GROW
+        capacity = joined_capacity(a.width, a.capacity, b.width)
         mask = np.zeros((len(a) + len(b), capacity), dtype=bool)
         mask[: len(a), width - a.width : width] = a._mask[:, : a.width]
         mask[len(a) :, width - b.width : width] = b._mask[:, : b.width]

@@ -231,7 +231,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - reported by the loop, which fails the joining requests
                 error = e
             else:
-                batch = new if batch is None else concatenate(batch, new)
+                batch = new if batch is None else concatenate(batch, new, room=self.max_running_rows)
         if batch is None:
             return error, [], None, []
         return (error, *self._steps(batch, streaming))

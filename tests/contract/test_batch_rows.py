@@ -1,0 +1,137 @@
+"""A decode batch's buffers with rows to spare: joins write in place, leaves move only the rows after them,
+new buffers come only with new columns, and nothing read ever comes from a spare row."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from contract.batch_rows import GROW, joined_capacity, spare_rows, trim_points
+from contract.decoding import DecodeBatch, DecodeRequest, DecoderSpec, concatenate, run_to_end, session_fn, step
+from contract.manifest import load_entry
+from tests.conftest import SHIPPED_TRANSLATOR
+
+SOURCES = [
+    [40, 41, 42, 2],
+    [50, 2],
+    [60, 61, 62, 63, 64, 65, 2],
+    [70, 71, 2],
+    [80, 81, 82, 83, 2],
+    [90, 91, 92, 93, 94, 95, 96, 97, 98, 2],
+    [100, 2],
+]
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    entry = SHIPPED_TRANSLATOR
+    spec = DecoderSpec.from_manifest(load_entry(entry).manifest)
+    enc, dec = (
+        session_fn(ort.InferenceSession(str(entry / f), providers=["CPUExecutionProvider"]))
+        for f in ("encoder.onnx", "decoder.onnx")
+    )
+    return enc, dec, spec
+
+
+def steps(batch, dec, spec, n):
+    for _ in range(n):
+        _, batch = step(batch, dec, spec)
+    return batch
+
+
+def test_the_geometry_rules():
+    assert spare_rows(10, None) == 10 + GROW and spare_rows(64, None) == 96 and spare_rows(10, 64) == 64
+    assert spare_rows(70, 64) == 70  # never fewer than in use
+    assert joined_capacity(5, 20, 0) == 20 and joined_capacity(5, 20, 5) == 20  # newcomers fit a's columns
+    assert joined_capacity(5, 20, 7) == 7 + GROW  # a wider newcomer: new buffers
+    mask = np.zeros((2, 40), bool)
+    mask[:, 3:30] = True
+    src = np.zeros((2, 50), bool)
+    src[0, :20] = True
+    assert trim_points(mask, src, 30) == (0, 20)  # 3 unused cache columns stay, 30 unused source columns go
+    mask[:, :20] = False
+    assert trim_points(mask, src[:, :30], 30) == (20, 30)
+
+
+def test_a_join_writes_the_newcomers_into_spare_rows_and_leaves_the_running_rows_alone(graphs):
+    enc, dec, spec = graphs
+    first = [DecodeRequest(s, 20) for s in SOURCES[:3]]
+    batch = steps(
+        concatenate(DecodeBatch.start(first[:1], enc, spec), DecodeBatch.start(first[1:], enc, spec)), dec, spec, 2
+    )
+    assert batch.rows is not None and len(batch.rows) == spare_rows(3, None)
+    running = [k.copy() for k in batch.past_keys]
+    late = DecodeBatch.start([DecodeRequest(SOURCES[3], 20, beam=2)], enc, spec)
+    joined = concatenate(batch, late, room=32)
+    assert joined.rows is batch.rows  # no new buffer: the spare rows took them
+    assert all(np.shares_memory(j, b) for j, b in zip(joined.past_keys, batch.past_keys))
+    for before, now in zip(running, joined.past_keys):
+        assert (now[:3] == before).all()
+    assert joined.width == batch.width and joined.capacity == batch.capacity
+    assert not joined.cache_mask[3:].any() and not joined.past_keys[0][3:].any()  # padding: zero and masked
+    assert (joined.src_mask[3:, : late.src_mask.shape[1]] == late.src_mask).all() and not joined.src_mask[3:, 3:].any()
+
+
+def test_a_wider_or_longer_newcomer_or_a_full_batch_gets_new_buffers_with_room(graphs):
+    enc, dec, spec = graphs
+    batch = steps(DecodeBatch.start([DecodeRequest(SOURCES[1], 20)], enc, spec), dec, spec, 1)
+    longer = concatenate(batch, DecodeBatch.start([DecodeRequest(SOURCES[5], 20)], enc, spec), room=8)
+    assert longer.rows is not batch.rows and len(longer.rows) == 8 and longer.src_mask.shape[1] == len(SOURCES[5])
+    full = longer
+    for s in SOURCES[:6]:
+        full = concatenate(full, DecodeBatch.start([DecodeRequest(s, 20)], enc, spec), room=8)
+    assert len(full) == 8 and full.rows is longer.rows  # the room was used in place
+    more = concatenate(full, DecodeBatch.start([DecodeRequest(SOURCES[6], 20)], enc, spec), room=8)
+    assert len(more) == 9 and more.rows is not full.rows and len(more.rows) >= 9
+
+
+def test_rows_leaving_move_within_the_buffers_until_enough_columns_fall_out_of_use(graphs):
+    enc, dec, spec = graphs
+    reqs = [DecodeRequest(s, 40) for s in SOURCES[:4]]
+    batch = steps(
+        concatenate(DecodeBatch.start(reqs[:1], enc, spec), DecodeBatch.start(reqs[1:], enc, spec)), dec, spec, 3
+    )
+    buffers, kept = batch.rows, batch.past_keys[0][[0, 2, 3]].copy()
+    taken = batch.take(np.array([0, 2, 3]), [reqs[0], reqs[2], reqs[3]], batch.tokens[[0, 2, 3]])
+    assert taken.rows is buffers and (taken.past_keys[0] == kept).all()
+    assert taken.capacity == batch.capacity and taken.src_mask.shape[1] == batch.src_mask.shape[1]
+    # A row that ran GROW or more steps leaves: the columns it alone used go, in new buffers.
+    old = DecodeBatch.start([DecodeRequest(SOURCES[5], 40)], enc, spec)  # 25 tokens
+    old = steps(old, dec, spec, GROW + 1)
+    both = concatenate(old, DecodeBatch.start([DecodeRequest(SOURCES[2], 40)], enc, spec))  # 12 tokens
+    both = steps(both, dec, spec, 2)
+    young = both.take(np.array([1]), both.requests[1:], both.tokens[1:])
+    assert young.rows is not both.rows and young.width == 2 and young.capacity == both.capacity - (GROW + 1)
+
+
+def test_spare_rows_are_never_read(graphs):
+    """NaN in every spare row, after every change of the batch: the decoded results stay those of each request alone."""
+    enc, dec, spec = graphs
+
+    def poison(batch):
+        if batch.rows is not None:
+            n = len(batch)
+            for full in (*batch.rows.caches(), *batch.rows.crosses()):
+                full[n:] = np.nan
+        return batch
+
+    first = [DecodeRequest(SOURCES[0], 12), DecodeRequest(SOURCES[2], 9, beam=3, num_return=2)]
+    late = [
+        DecodeRequest(SOURCES[3], 12, beam=2, num_return=2),
+        DecodeRequest(SOURCES[4], 6),
+        DecodeRequest(SOURCES[6], 8),
+    ]
+    batch, n = DecodeBatch.start(first, enc, spec), 0
+    while len(batch):
+        _, batch = step(poison(batch), dec, spec)
+        n += 1
+        if n in (2, 5):
+            joining = late[:2] if n == 2 else late[2:]
+            batch = poison(concatenate(batch, DecodeBatch.start(joining, enc, spec), room=16))
+    for r in first + late:
+        (alone,) = run_to_end(
+            enc, dec, [DecodeRequest(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec
+        )
+        assert [h.tokens for h in r.results()] == [h.tokens for h in alone.results()]
+        np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
