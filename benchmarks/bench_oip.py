@@ -75,7 +75,7 @@ class Load:
 class Request:
     """One prepared request of a form: its h2load arguments (body file, headers, URL)."""
 
-    body: Path
+    body: Path | None  # None: a GET
     headers: list[str]
     url: str
     http1: bool
@@ -143,6 +143,43 @@ def prepare(service: Service, grpc_port: int, model: str, png: bytes, pixels: np
     }
 
 
+def floor_requests(service: Service, grpc_port: int, folder: Path) -> dict[str, Request]:
+    """The cheapest call of each transport: ``GET /v2/health/live`` and gRPC ``ServerLive``, both answered
+    without touching a model, so their cost is the transport's and the service's per-call bookkeeping."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "empty.body").write_bytes(grpc_frame(pb.ServerLiveRequest()))
+    return {
+        "rest-live": Request(None, [], service.url + "/v2/health/live", True),
+        "grpc-live": Request(
+            folder / "empty.body",
+            ["content-type: application/grpc", "te: trailers"],
+            f"http://127.0.0.1:{grpc_port}/inference.GRPCInferenceService/ServerLive",
+            False,
+        ),
+    }
+
+
+def measure_floor(service: Service, grpc_port: int, args: argparse.Namespace, folder: Path) -> list[str]:
+    """Each transport's cheapest call at 1 and 8 clients, interleaved: its table, medians of ``args.rounds`` rounds."""
+    requests = floor_requests(service, grpc_port, folder)
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for r in range(args.rounds):
+        for clients in (1, 8):
+            for form in list(requests)[r % 2 :] + list(requests)[: r % 2]:
+                runs.setdefault((form, clients), []).append(
+                    run_h2load(service, requests[form], clients, args.duration, folder)
+                )
+    table = ["", "the transports' floor: the cheapest call of each (no model), medians"]
+    table.append(f"{'call':10s} {'clients':>7s} {'req/s':>9s} {'p50 us':>8s} {'srv us/req':>10s}")
+    for (form, clients), rounds in runs.items():
+        med = {k: statistics.median(x[k] for x in rounds) for k in ("requests_per_s", "p50_ms", "server_cpu_us")}
+        table.append(
+            f"{form:10s} {clients:7d} {med['requests_per_s']:9.1f} {med['p50_ms'] * 1000:8.0f} "
+            f"{med['server_cpu_us']:10.1f}"
+        )
+    return table
+
+
 # ---- checking the answers --------------------------------------------------------------------
 def check_answers(service: Service, grpc_port: int, model: str, graph: Path, pngs: list[bytes], x: np.ndarray) -> None:
     """Each form must answer the first 16 test images as offline onnxruntime does."""
@@ -180,8 +217,9 @@ def answers_by_status(service: Service) -> dict[tuple[str, str, str], float]:
 def run_h2load(service: Service, request: Request, clients: int, duration: int, folder: Path) -> dict:
     """One closed-loop run: requests/s, latency percentiles and CPU per request of h2load and the server."""
     log = folder / "h2load.log"
+    log.unlink(missing_ok=True)  # h2load appends
     cmd = ["h2load", "-c", str(clients), "-m", "1", "-t", "1", "-D", str(duration), "--warm-up-time", "1"]
-    cmd += ["-d", str(request.body), "--log-file", str(log)]
+    cmd += [*(["-d", str(request.body)] if request.body else []), "--log-file", str(log)]
     for header in request.headers:
         cmd += ["-H", header]
     cmd += [*(["--h1"] if request.http1 else []), request.url]
@@ -226,6 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median kept)")
     p.add_argument("--duration", type=int, default=6, help="seconds of each h2load run (after 1 s of warm-up)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--floor", action="store_true", help="also time each transport's cheapest call (no model)")
     return p.parse_args(argv)
 
 
@@ -259,9 +298,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"{out['requests_per_s']:8.1f} req/s",
                         flush=True,
                     )
+        floor = measure_floor(service, grpc_port, args, workdir / "floor") if args.floor else []
     finally:
         service.stop()
     report(args, name, manifest, loads)
+    print("\n".join(floor))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

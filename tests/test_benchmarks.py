@@ -192,12 +192,14 @@ def test_bench_versions_compares_a_revision_with_this_checkout(
             "classify, 1 client x 1 image",
             "classify, 64 clients x 1 image",
             "classify, 32 clients x 16 images",
+            "translate, 1 clients, greedy",
             "translate, 8 clients, greedy",
+            "translate, 32 clients, greedy",
             "translate, 4 clients, beam 4",
         ),
     )
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("classify,", "translate,"))]
-    assert len(rows) == 5 and all(re.search(r"req/s = \d+\.\d{3}x \(rounds", r) for r in rows)
+    assert len(rows) == 7 and all(re.search(r"req/s = \d+\.\d{3}x \(rounds", r) for r in rows)
 
 
 def test_bench_switch_loads_new_versions_under_load_without_a_failed_request(
@@ -237,12 +239,15 @@ def test_bench_startup_measures_readiness_memory_and_first_requests(tiny_vit_rep
 def test_bench_oip_compares_classify_rest_and_grpc_interleaved(tiny_vit_repository):
     proc = run_module(
         "benchmarks.bench_oip", "--repository", str(tiny_vit_repository), "--rounds", "2", "--duration", "1",
-        "--clients", "1", "4", timeout=600,
+        "--clients", "1", "4", "--floor", timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert_sane_figures(
         proc.stdout, tuple(f"round 2/2: {form:8s}   4 clients:" for form in ("classify", "rest", "grpc"))
     )
+    floor = re.findall(r"^(rest-live|grpc-live) +([18]) +([\d.]+) +(\d+) +([\d.]+)$", proc.stdout, re.MULTILINE)
+    assert sorted((f, c) for f, c, *_ in floor) == [(f, c) for f in ("grpc-live", "rest-live") for c in "18"]
+    assert all(float(rate) > 0 and float(cpu) > 0 for _, _, rate, _, cpu in floor)
     table = re.compile(r"^(classify|rest|grpc) +([14]) +[\d.]+ +([\d.]+) +([\d.]+) +[\d.]+ +[\d.]+$", re.MULTILINE)
     rows = table.findall(proc.stdout)
     assert sorted((form, c) for form, c, _, _ in rows) == sorted(
@@ -323,3 +328,13 @@ def test_bench_decoder_step_times_entries_side_by_side():
         times = re.findall(r"translator: ([\d.]+) ms \([\d.]+x, [\d.]+-[\d.]+; \|dlog_probs\| (\S+)\)", cells)
         assert len(times) == 2 and all(0 < float(ms) < 10_000 for ms, _ in times), cells
         assert all(float(d) == 0.0 for _, d in times), cells
+
+
+def test_bench_joins_runs_both_checkouts_on_a_stream_of_requests():
+    """This checkout against itself on a short stream: every row printed with its figures."""
+    proc = run_module(
+        "benchmarks.bench_joins", "--against", ".", "--requests", "12", "--rows", "8", "--rounds", "2", timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert_sane_figures(proc.stdout, ("greedy  this", "greedy  other", "beam 4  this", "beam 4  other"))
+    assert len(re.findall(r"this vs other: \d+\.\d{3}x \(rounds", proc.stdout)) == 2, proc.stdout
