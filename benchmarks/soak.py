@@ -17,7 +17,10 @@ gRPC, on free loopback ports) on ``--repository``, then for ``--minutes``:
 At the end it prints the answers by route and status and a verdict line, and exits 1 when the
 verdict fails: an unexpected status, a malformed answer, a connection error or an ERROR line in the
 service's log; RSS growing by more than ``--rss-growth-mib`` after the warm-up (the first
-``--warmup-minutes``, at most a third of the run); file descriptors or threads rising above the warm-up
+``--warmup-minutes``, at most a third of the run): the median of the last third of the samples
+taken with every model loaded against the median of the first third after the warm-up, a trend
+rather than one peak (the service gives freed heap pages back every ``ATTNSERVE_MEMORY_RELEASE_S``,
+so RSS saws up and down between samples); file descriptors or threads rising above the warm-up
 baseline by more than ``--fd-slack``/``--thread-slack``; or more Redis keys than the ids answered
 within the last TTL allow (each key expires after ``--attention-ttl-s``; Redis leaves at most about
 10% of expired keys behind before it reclaims them).
@@ -34,6 +37,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,7 +98,20 @@ def process_sample(pid: int) -> dict[str, float]:
         "rss_mib": round(int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)[1]) / 1024, 1),
         "threads": int(re.search(r"^Threads:\s+(\d+)", status, re.MULTILINE)[1]),
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        **memory_kinds(pid),
     }
+
+
+def memory_kinds(pid: int) -> dict[str, float]:
+    """RSS split into anonymous memory (the heap, onnxruntime's arenas) and file-backed pages (mapped
+    weights, libraries), from ``/proc/<pid>/smaps_rollup``; empty where the kernel has no such file."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    kb = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+):\s+(\d+) kB", rollup, re.MULTILINE)}
+    anon = kb.get("Anonymous", 0)
+    return {"anon_mib": round(anon / 1024, 1), "file_mib": round((kb.get("Rss", 0) - anon) / 1024, 1)}
 
 
 async def sample_every(soak: Soak, pid: int, store: RedisServer, every_s: float, end_at: float) -> None:
@@ -107,7 +124,9 @@ async def sample_every(soak: Soak, pid: int, store: RedisServer, every_s: float,
         sample["requests"], sample["problems"] = soak.total(), soak.unexpected() + soak.connection_errors()
         soak.samples.append(sample)
         print(
-            f"{sample['t_s']:7.0f} s  RSS {sample['rss_mib']:6.1f} MiB  fds {sample['fds']:3d}  "
+            f"{sample['t_s']:7.0f} s  RSS {sample['rss_mib']:6.1f} MiB"
+            + (f" (anon {sample['anon_mib']:6.1f}, file {sample['file_mib']:5.1f})" if "anon_mib" in sample else "")
+            + f"  fds {sample['fds']:3d}  "
             f"threads {sample['threads']:3d}  Redis keys {sample['redis_keys']:4d} (bound {sample['redis_keys_bound']})"
             f"  requests {sample['requests']:6d}  problems {sample['problems']}"
             + (f"  [{', '.join(sample['unloaded'])} away]" if sample["unloaded"] else ""),
@@ -128,10 +147,16 @@ def judge(samples: list[dict], warmup_s: float, bounds: argparse.Namespace, fail
         key: {"start": samples[0][key], "baseline": baseline[key], "max": max(s[key] for s in samples), "end": end[key]}
         for key in ("rss_mib", "fds", "threads", "redis_keys")
     }
-    growth = max(s["rss_mib"] for s in after) - baseline["rss_mib"]
-    figures["rss_mib"]["growth_after_warmup"] = round(growth, 1)
+    steady = [s["rss_mib"] for s in loaded if s["t_s"] >= baseline["t_s"]]
+    third = max(1, len(steady) // 3)
+    first, last = statistics.median(steady[:third]), statistics.median(steady[-third:])
+    growth = last - first
+    figures["rss_mib"] |= {"first_third_median": first, "last_third_median": last, "growth": round(growth, 1)}
     if growth > bounds.rss_growth_mib:
-        failures.append(f"RSS grew {growth:.1f} MiB after the warm-up (bound {bounds.rss_growth_mib} MiB)")
+        failures.append(
+            f"RSS grew {growth:.1f} MiB after the warm-up: median {first:.1f} MiB in the first third of the "
+            f"samples with every model loaded, {last:.1f} MiB in the last (bound {bounds.rss_growth_mib} MiB)"
+        )
     for key, slack in (("fds", bounds.fd_slack), ("threads", bounds.thread_slack)):
         high = max(s[key] for s in after)
         if high > baseline[key] + slack:  # growth only: fewer at the end (clients closing) is no leak
@@ -168,8 +193,9 @@ def report(soak: Soak, figures: dict, failures: list[str], seconds: float) -> No
     rss, fds, threads = figures["rss_mib"], figures["fds"], figures["threads"]
     summary = (
         f"{soak.unexpected()} unexpected answers, {soak.connection_errors()} connection errors, "
-        f"{soak.while_unloaded()} documented answers while a model was away; RSS +{rss['growth_after_warmup']:.1f} "
-        f"MiB after warm-up, fds {fds['baseline']} -> {fds['end']}, threads {threads['baseline']} -> {threads['end']}, "
+        f"{soak.while_unloaded()} documented answers while a model was away; RSS {rss['growth']:+.1f} "
+        f"MiB from the first to the last third after warm-up ({rss['first_third_median']:.1f} -> "
+        f"{rss['last_third_median']:.1f}, max {rss['max']:.1f}), fds {fds['baseline']} -> {fds['end']}, threads {threads['baseline']} -> {threads['end']}, "
         f"Redis keys max {figures['redis_keys']['max']}"
     )
     print(f"\nverdict: {'PASS' if not failures else 'FAIL'}: {summary}")
@@ -211,6 +237,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fd-slack", type=int, default=4)
     p.add_argument("--thread-slack", type=int, default=2)
     p.add_argument("--json", type=Path, help="write the samples, answers and verdict here")
+    p.add_argument("--judge", type=Path, metavar="JSON", help="judge the samples of an earlier run's --json instead")
     return p.parse_args(argv)
 
 
@@ -218,8 +245,28 @@ def stop(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the service and Redis are stopped on the way out
 
 
+def judge_again(path: Path, bounds: argparse.Namespace) -> int:
+    """The resource half of the verdict on an earlier run's samples, by this version's rules and bounds."""
+    saved = json.loads(path.read_text())
+    ran = saved["args"]
+    warmup_s = min(float(ran["warmup_minutes"]) * 60, float(ran["minutes"]) * 20)
+    failures: list[str] = []
+    figures = judge(saved["samples"], warmup_s, bounds, failures)
+    rss = figures["rss_mib"]
+    print(
+        f"{path}: RSS {rss['growth']:+.1f} MiB from the first to the last third after warm-up "
+        f"({rss['first_third_median']:.1f} -> {rss['last_third_median']:.1f}, max {rss['max']:.1f})"
+    )
+    print(f"resource verdict: {'PASS' if not failures else 'FAIL'}")
+    for failure in failures:
+        print(f"  FAIL: {failure}")
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.judge:
+        return judge_again(args.judge, args)
     signal.signal(signal.SIGTERM, stop)
     classifier, translator = find_models(args.repository)
     args.grpc_port = free_port()

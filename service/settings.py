@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         "latest:1",
         description="Versions loaded of a model whose folder has no config.json: `latest:N`, `all` or `specific:1,3`.",
     )
+    memory_release_s: float = Field(
+        30.0,
+        ge=0,
+        description="Every so many seconds give the C heap's freed pages back to the system (glibc's malloc_trim, in "
+        "a thread); 0: only after a model version is loaded or unloaded.",
+    )
     repository_poll_s: float = Field(
         0,
         ge=0,

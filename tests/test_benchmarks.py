@@ -290,6 +290,9 @@ def test_soak_drives_every_route_through_an_unload_and_load_and_passes_its_verdi
     for model in ("vit", "translator"):
         for action in ("unload", "load"):
             assert answers[f"POST /v2/repository/models/{model}/{action}"] == {"200": 1}
+    again = run_module("benchmarks.soak", "--judge", str(out), *wide, timeout=60)  # the samples judged once more
+    assert again.returncode == 0 and "resource verdict: PASS" in again.stdout, again.stdout + again.stderr
+    assert re.search(r"RSS [+-]\d+\.\d MiB from the first to the last third", again.stdout), again.stdout
 
 
 def test_bench_overload_counts_every_outcome_of_both_versions(

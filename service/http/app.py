@@ -38,6 +38,7 @@ from service.http.serving import Serving
 from service.images import ImageDecoder, ImageLimits
 from service.lifecycle import Lifecycle
 from service.logs import configure_logging, flush_access_logs
+from service.memory import release_every
 from service.metrics import Metrics
 from service.registry import Registry
 from service.runtime import available_providers, check_gpu_available
@@ -96,9 +97,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.repository_poll_s > 0:
         lifecycle.start_polling(settings.repository_poll_s)
     tune_gc()
+    releasing = asyncio.create_task(release_every(settings.memory_release_s)) if settings.memory_release_s else None
     try:
         yield
     finally:
+        if releasing is not None:
+            releasing.cancel()
         if grpc_server is not None:  # calls in flight finish while the engines still run
             await grpc_serving.stop(grpc_server)
         registry.stop_loading()

@@ -33,3 +33,25 @@ def test_pages_freed_under_a_live_block_are_given_back():
     assert release_freed_memory() is True
     assert held - rss_mib() > 32  # most of the 64 MiB freed under the pinned block left the process
     libc.free(pinned)
+
+
+def test_freed_memory_is_released_every_interval_until_cancelled(monkeypatch):
+    import asyncio
+
+    from service import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: calls.append(1) or True)
+
+    async def run() -> None:
+        task = asyncio.create_task(memory.release_every(0.01))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        seen = len(calls)
+        await asyncio.sleep(0.05)
+        assert len(calls) == seen  # nothing after the cancel
+
+    asyncio.run(run())
+    assert 3 <= len(calls) <= 25
