@@ -102,12 +102,27 @@ class Rows:
             full[at:end, :, width:] = 0
         self.cache_mask[at:end] = False
         self.cache_mask[at:end, start:width] = batch.cache_mask[:, : batch.width]
-        s = min(batch.src_mask.shape[1], self.source)
+        s = batch.src_mask.shape[1]
         for full, x in zip(self.crosses(), [*batch.cross_keys, *batch.cross_values]):
             full[at:end, :, :s] = x[:, :, :s]
             full[at:end, :, s:] = 0
         self.src_mask[at:end, :s] = batch.src_mask[:, :s]
         self.src_mask[at:end, s:] = False
+
+    def grown(self, n: int, columns: int) -> Rows:
+        """Buffers with ``columns`` more cache columns, zero and masked, holding the first ``n`` rows of these
+        (the cross-attention buffers are shared: their columns do not change)."""
+
+        def grow(old: np.ndarray) -> np.ndarray:
+            new = np.empty((len(self), old.shape[1], old.shape[2] + columns, old.shape[3]), old.dtype)
+            new[:n, :, : old.shape[2]] = old[:n]
+            new[:n, :, old.shape[2] :] = 0
+            return new
+
+        mask = np.zeros((len(self), self.capacity + columns), bool)
+        mask[:n, : self.capacity] = self.cache_mask[:n]
+        keys, values = [grow(k) for k in self.past_keys], [grow(v) for v in self.past_values]
+        return Rows(keys, values, mask, self.cross_keys, self.cross_values, self.src_mask)
 
     def gather(self, rows: np.ndarray) -> None:
         """Row ``i`` becomes row ``rows[i]`` in place; only rows that change are copied."""

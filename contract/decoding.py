@@ -197,19 +197,17 @@ class DecodeBatch:
     @classmethod
     def over(cls, rows: Rows, requests: list[DecodeRequest], tokens: np.ndarray, width: int) -> DecodeBatch:
         """The batch whose arrays are the first ``len(tokens)`` rows of ``rows``."""
-        n = len(tokens)
-        return cls(
-            requests,
-            tokens,
-            [k[:n] for k in rows.past_keys],
-            [v[:n] for v in rows.past_values],
-            rows.cache_mask[:n],
-            width,
-            [k[:n] for k in rows.cross_keys],
-            [v[:n] for v in rows.cross_values],
-            rows.src_mask[:n],
-            rows,
-        )
+        batch = cls(requests, tokens, [], [], rows.cache_mask, width, [], [], rows.src_mask)
+        batch._use(rows)
+        return batch
+
+    def _use(self, rows: Rows) -> None:
+        """Make the batch's arrays the first ``len(self)`` rows of ``rows``."""
+        n = len(self.tokens)
+        self.rows = rows
+        self.past_keys, self.past_values = [k[:n] for k in rows.past_keys], [v[:n] for v in rows.past_values]
+        self.cross_keys, self.cross_values = [k[:n] for k in rows.cross_keys], [v[:n] for v in rows.cross_values]
+        self.cache_mask, self.src_mask = rows.cache_mask[:n], rows.src_mask[:n]
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -271,25 +269,12 @@ class DecodeBatch:
 
     def _grow(self) -> None:
         """``GROW`` more columns, zero and masked, on every cache buffer: new buffers, the rows in use copied."""
-        n, rows = len(self), self.rows
-        if rows is None:
-            rows = Rows.allocate(self, spare_rows(n, None), self.capacity + GROW, self.src_mask.shape[1])
+        if self.rows is None:
+            rows = Rows.allocate(self, spare_rows(len(self), None), self.capacity + GROW, self.src_mask.shape[1])
             rows.write(0, self, self.width)
         else:
-            grown = []
-            for old in rows.caches():
-                new = np.empty((len(rows), old.shape[1], old.shape[2] + GROW, old.shape[3]), old.dtype)
-                new[:n, :, : old.shape[2]] = old[:n]
-                new[:n, :, old.shape[2] :] = 0
-                grown.append(new)
-            mask = np.zeros((len(rows), rows.capacity + GROW), bool)
-            mask[:n, : rows.capacity] = rows.cache_mask[:n]
-            layers = len(self.past_keys)
-            rows = Rows(grown[:layers], grown[layers:], mask, rows.cross_keys, rows.cross_values, rows.src_mask)
-        self.rows = rows
-        self.past_keys, self.past_values = [k[:n] for k in rows.past_keys], [v[:n] for v in rows.past_values]
-        self.cross_keys, self.cross_values = [k[:n] for k in rows.cross_keys], [v[:n] for v in rows.cross_values]
-        self.cache_mask, self.src_mask = rows.cache_mask[:n], rows.src_mask[:n]
+            rows = self.rows.grown(len(self), GROW)
+        self._use(rows)
 
     def take(self, rows: np.ndarray, requests: list[DecodeRequest], tokens: np.ndarray) -> DecodeBatch:
         """The batch made of ``rows`` (in that order); cache and source columns no row uses are dropped when
