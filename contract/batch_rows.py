@@ -46,8 +46,9 @@ def trim_points(cache_mask: np.ndarray, src_mask: np.ndarray, width: int) -> tup
 @dataclass
 class Rows:
     """The whole buffers a batch's arrays are the leading rows of: per layer (rows, H, C, Dh) caches and
-    (rows, H, S, Dh) cross-attention keys/values, the (rows, C) cache mask and the (rows, S) source mask.
-    Rows past the batch's are never read before they are written."""
+    (rows / group, H, S, Dh) cross-attention keys/values, the (rows, C) cache mask and the (rows / group, S)
+    source mask (``group`` rows share a cross-attention row: a request's beams). Rows past the batch's are
+    never read before they are written."""
 
     past_keys: list[np.ndarray]
     past_values: list[np.ndarray]
@@ -55,6 +56,7 @@ class Rows:
     cross_keys: list[np.ndarray]
     cross_values: list[np.ndarray]
     src_mask: np.ndarray
+    group: int = 1
 
     def __len__(self) -> int:
         return len(self.cache_mask)
@@ -68,14 +70,15 @@ class Rows:
         return self.src_mask.shape[1]
 
     @classmethod
-    def allocate(cls, like, rows: int, capacity: int, source: int) -> Rows:
+    def allocate(cls, like, rows: int, capacity: int, source: int, group: int = 1) -> Rows:
         """Uninitialised buffers shaped like batch ``like``'s, for ``rows`` rows, ``capacity`` cache and ``source`` columns."""
+        crosses = -(-rows // group)
 
         def cache(x: np.ndarray) -> np.ndarray:
             return np.empty((rows, x.shape[1], capacity, x.shape[3]), x.dtype)
 
         def cross(x: np.ndarray) -> np.ndarray:
-            return np.empty((rows, x.shape[1], source, x.shape[3]), x.dtype)
+            return np.empty((crosses, x.shape[1], source, x.shape[3]), x.dtype)
 
         return cls(
             [cache(x) for x in like.past_keys],
@@ -83,7 +86,27 @@ class Rows:
             np.empty((rows, capacity), bool),
             [cross(x) for x in like.cross_keys],
             [cross(x) for x in like.cross_values],
-            np.empty((rows, source), bool),
+            np.empty((crosses, source), bool),
+            group,
+        )
+
+    @classmethod
+    def zeros(cls, spec, dtype, rows: int, capacity: int, source: int, group: int = 1) -> Rows:
+        """Zero buffers (masks all False) for ``spec``'s layers (a ``DecoderSpec``): pages of rows never
+        written are never touched."""
+        crosses = -(-rows // group)
+
+        def shaped(n: int, columns: int) -> list[np.ndarray]:
+            return [np.zeros((n, spec.heads, columns, spec.head_dim), dtype) for _ in range(spec.layers)]
+
+        return cls(
+            shaped(rows, capacity),
+            shaped(rows, capacity),
+            np.zeros((rows, capacity), bool),
+            shaped(crosses, source),
+            shaped(crosses, source),
+            np.zeros((crosses, source), bool),
+            group,
         )
 
     def caches(self) -> list[np.ndarray]:
@@ -94,8 +117,10 @@ class Rows:
 
     def write(self, at: int, batch, width: int) -> None:
         """Batch ``batch``'s rows into rows ``at`` on, their cache columns ending at ``width`` (left-padded
-        with zeros and masked), their sources right-padded; the rest of those rows zero."""
+        with zeros and masked), their sources right-padded; the rest of those rows zero. ``batch`` has this
+        group, and ``at`` is a multiple of it."""
         end, start = at + len(batch), width - batch.width
+        first, last = at // self.group, end // self.group  # its cross-attention rows
         for full, x in zip(self.caches(), [*batch.past_keys, *batch.past_values]):
             full[at:end, :, :start] = 0
             full[at:end, :, start:width] = x[:, :, : batch.width]
@@ -104,10 +129,10 @@ class Rows:
         self.cache_mask[at:end, start:width] = batch.cache_mask[:, : batch.width]
         s = batch.src_mask.shape[1]
         for full, x in zip(self.crosses(), [*batch.cross_keys, *batch.cross_values]):
-            full[at:end, :, :s] = x[:, :, :s]
-            full[at:end, :, s:] = 0
-        self.src_mask[at:end, :s] = batch.src_mask[:, :s]
-        self.src_mask[at:end, s:] = False
+            full[first:last, :, :s] = x[:, :, :s]
+            full[first:last, :, s:] = 0
+        self.src_mask[first:last, :s] = batch.src_mask[:, :s]
+        self.src_mask[first:last, s:] = False
 
     def grown(self, n: int, columns: int) -> Rows:
         """Buffers with ``columns`` more cache columns, zero and masked, holding the first ``n`` rows of these
@@ -122,12 +147,17 @@ class Rows:
         mask = np.zeros((len(self), self.capacity + columns), bool)
         mask[:n, : self.capacity] = self.cache_mask[:n]
         keys, values = [grow(k) for k in self.past_keys], [grow(v) for v in self.past_values]
-        return Rows(keys, values, mask, self.cross_keys, self.cross_values, self.src_mask)
+        return Rows(keys, values, mask, self.cross_keys, self.cross_values, self.src_mask, self.group)
 
-    def gather(self, rows: np.ndarray) -> None:
-        """Row ``i`` becomes row ``rows[i]`` in place; only rows that change are copied."""
-        moved = np.flatnonzero(rows != np.arange(len(rows)))
-        if len(moved):
-            sources = rows[moved]
-            for full in (*self.caches(), self.cache_mask, *self.crosses(), self.src_mask):
-                full[moved] = full[sources]  # the right side is gathered before anything is written
+    def gather(self, rows: np.ndarray, groups: np.ndarray | None = None) -> None:
+        """Row ``i`` becomes row ``rows[i]`` in place, and cross-attention row ``j`` row ``groups[j]`` (default:
+        ``rows``, for group 1); only rows that change are copied."""
+        for index, buffers in (
+            (rows, (*self.caches(), self.cache_mask)),
+            (rows if groups is None else groups, (*self.crosses(), self.src_mask)),
+        ):
+            moved = np.flatnonzero(index != np.arange(len(index)))
+            if len(moved):
+                sources = index[moved]
+                for full in buffers:
+                    full[moved] = full[sources]  # the right side is gathered before anything is written

@@ -176,6 +176,9 @@ class DecodingSpec(Section):
     max_positions: int = Field(ge=1)
     beam: int = Field(default=1, ge=1)
     length_penalty: float = 1.0
+    # "request": the decoder's cross_keys/cross_values/src_mask may hold one row per request, shared by
+    # its beam rows (export/group_cross.py); "row": one per decoder row
+    cross_rows: Literal["row", "request"] = "row"
 
 
 class Variant(Section):

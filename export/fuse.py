@@ -10,7 +10,8 @@ the service take it unchanged. The rewrite:
   Add + LayerNormalization -> ``SkipLayerNormalization``, the erf GELU with its bias -> ``BiasGelu``;
 - each layer's cross-attention (query projection to output before the ``proj`` MatMul) ->
   ``com.microsoft.MultiHeadAttention`` on the encoder's (B, H, S, Dh) keys/values, the source mask
-  as an additive bias computed once per step;
+  as an additive bias computed once per step (a decoder whose cross-attention takes a row per request,
+  ``export/group_cross.py``, keeps that form: the kernel wants a key/value row per query row);
 - with ``--self-attention``, the self-attention over the cache buffer too (``past_key``/``past_value``
   in, the new position's key/value still output as ``new_keys_i``/``new_values_i``); onnxruntime's
   kernel then concatenates the whole buffer with the new position at every step (its ``present``).
@@ -59,7 +60,9 @@ class _Graph:
         for n in self.g.node:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
-        self.consts = {i.name: numpy_helper.to_array(i) for i in self.g.initializer}
+        self.consts = {  # the graph's own constants (parameters kept in an external file are not read)
+            i.name: numpy_helper.to_array(i) for i in self.g.initializer if i.data_location != onnx.TensorProto.EXTERNAL
+        }
 
     def up(self, name: str, op: str) -> onnx.NodeProto | None:
         n = self.producer.get(name)
@@ -172,7 +175,7 @@ def fuse_attention(model: onnx.ModelProto, heads: int, self_attention: bool) -> 
     prelude = _key_bias("src_mask", "fuse_cross_bias") if found["cross_attention"] else []
     if found["self_attention"]:  # the buffer's columns, then the new position (always attended)
         prelude += [
-            helper.make_node("Slice", ["src_mask", "fuse_0", "fuse_1", "fuse_1"], ["fuse_first_column"]),
+            helper.make_node("Slice", ["cache_mask", "fuse_0", "fuse_1", "fuse_1"], ["fuse_first_column"]),
             helper.make_node("Or", ["fuse_first_column", "fuse_true"], ["fuse_new_column"]),
             helper.make_node("Concat", ["cache_mask", "fuse_new_column"], ["fuse_self_mask"], axis=1),
             *_key_bias("fuse_self_mask", "fuse_self_bias"),
@@ -215,7 +218,7 @@ def fuse_decoder(source: Path, target: Path, heads: int, dim: int, self_attentio
         str(source), model_type="bart", num_heads=heads, hidden_size=dim, opt_level=0, use_gpu=False
     ).model
     counts = fuse_attention(optimized, heads, self_attention)
-    if not counts["cross_attention"]:
+    if not counts["cross_attention"] and not grouped(optimized):
         raise ExportError(f"{source}: no cross-attention of the exported form found to fuse")
     dead = onnx.utils.Extractor(optimized).extract_model(
         [i.name for i in optimized.graph.input], [o.name for o in optimized.graph.output]
@@ -223,6 +226,13 @@ def fuse_decoder(source: Path, target: Path, heads: int, dim: int, self_attentio
     onnx.save(dead, str(target))
     ops = [n.op_type for n in dead.graph.node]
     return counts | {op: ops.count(op) for op in ("SkipLayerNormalization", "BiasGelu", "MultiHeadAttention")}
+
+
+def grouped(model: onnx.ModelProto) -> bool:
+    """Whether the step graph takes a cross-attention row per request (``export/group_cross.py``): its
+    cross-attention stays as it is (``MultiHeadAttention`` wants one key/value row per query row)."""
+    mask = next((i for i in model.graph.input if i.name == "src_mask"), None)
+    return mask is not None and mask.type.tensor_type.shape.dim[0].dim_param == "cross_rows"
 
 
 def ort_nodes(path: Path) -> int:

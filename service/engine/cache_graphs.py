@@ -101,7 +101,8 @@ def reorder(layers: int, cache: np.dtype) -> bytes:
 
 
 def take(layers: int, cache: np.dtype, source: np.dtype) -> bytes:
-    """The batch of rows ``rows`` (in that order): cache columns from ``first`` on, source columns before ``last``."""
+    """The batch of rows ``rows`` (in that order), cross-attention rows ``cross_rows``: cache columns from
+    ``first`` on, source columns before ``last``."""
     nodes = [_const("zero", np.array([0], np.int64)), _const("end", np.array([END], np.int64))]
     nodes.append(_const("column_axis", np.array([2], np.int64)))
     for buf in caches(layers):
@@ -111,11 +112,11 @@ def take(layers: int, cache: np.dtype, source: np.dtype) -> bytes:
         ]
     for buf in cross(layers):
         nodes += [
-            node("Gather", [buf, "rows"], [f"{buf}_rows"], axis=0),
+            node("Gather", [buf, "cross_rows"], [f"{buf}_rows"], axis=0),
             node("Slice", [f"{buf}_rows", "zero", "last", "column_axis"], [f"{buf}_out"]),
         ]
     inputs = {n: (cache, 4) for n in caches(layers)} | {n: (source, 4) for n in cross(layers)}
-    inputs |= {"rows": VECTOR, "first": VECTOR, "last": VECTOR}
+    inputs |= {"rows": VECTOR, "cross_rows": VECTOR, "first": VECTOR, "last": VECTOR}
     outputs = {f"{n}_out": (cache, 4) for n in caches(layers)} | {f"{n}_out": (source, 4) for n in cross(layers)}
     return model("take", nodes, inputs, outputs)
 

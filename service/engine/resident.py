@@ -145,7 +145,10 @@ class ResidentEncoder:
             stacked += run
         at = {request: i for i, request in enumerate(stacked)}
         rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
-        feeds["rows"] = np.array([at[r] for r in rows], dtype=np.int64)
+        beams = {r.beam for r in requests}
+        group = beams.pop() if spec.cross_rows == "request" and len(beams) == 1 else 1
+        cross = np.arange(len(requests)) if group > 1 else rows  # as contract/decoding.py lays them out
+        feeds["rows"] = np.array([at[r] for r in cross], dtype=np.int64)
         feeds["cache_shape"] = np.array([len(rows), spec.heads, GROW, spec.head_dim], dtype=np.int64)
         names = cache_graphs.cross(g.layers) + cache_graphs.caches(g.layers)
         out = g.run(g.start(len(runs)), feeds, {f"{n}_out": None for n in names})
@@ -157,7 +160,8 @@ class ResidentEncoder:
             np.zeros((len(rows), GROW), dtype=bool),
             0,
             [out[f"{n}_out"] for n in cache_graphs.cross(g.layers)],
-            mask[rows],
+            mask[cross],
+            group,
         )
 
 
@@ -201,10 +205,11 @@ class DeviceBatch:
         past: list[ort.OrtValue],  # every layer's keys, then every layer's values: (rows, H, C, Dh)
         cache_mask: np.ndarray,
         width: int,
-        cross: list[ort.OrtValue],  # keys then values: (rows, H, S, Dh)
-        src_mask: np.ndarray,
+        cross: list[ort.OrtValue],  # keys then values: (rows / group, H, S, Dh)
+        src_mask: np.ndarray,  # (rows / group, S)
+        group: int = 1,  # rows sharing a cross-attention row (DecodeBatch.group)
     ) -> None:
-        self.graphs, self.requests, self.tokens, self.width = graphs, requests, tokens, width
+        self.graphs, self.requests, self.tokens, self.width, self.group = graphs, requests, tokens, width, group
         self.past, self.cross = past, cross
         self._mask, self._src_mask = cache_mask, src_mask
         self._device_mask = graphs.upload(cache_mask) if len(tokens) else None
@@ -299,12 +304,26 @@ class DeviceBatch:
         """The rows that go on (in ``rows``' order), trimmed of cache and source columns none of them uses."""
         g = self.graphs
         if not len(rows):
-            return DeviceBatch(g, [], tokens, [], self._mask[:0], 0, [], self._src_mask[:0])
-        cache_mask, src_mask = self._mask[rows], self._src_mask[rows]
+            return DeviceBatch(g, [], tokens, [], self._mask[:0], 0, [], self._src_mask[:0], self.group)
+        groups = rows[:: self.group] // self.group  # a request's rows stay together
+        cache_mask, src_mask = self._mask[rows], self._src_mask[groups]
         first, last = trim_points(cache_mask, src_mask, self.width)
+        return self._gathered(rows, groups, first, last, requests, tokens)
+
+    def _per_row(self) -> DeviceBatch:
+        """This batch with a cross-attention row for each row (group 1)."""
+        if self.group == 1:
+            return self
+        rows = np.arange(len(self))
+        return self._gathered(rows, rows // self.group, 0, self._src_mask.shape[1], self.requests, self.tokens, 1)
+
+    def _gathered(self, rows, groups, first, last, requests, tokens, group: int | None = None) -> DeviceBatch:
+        g = self.graphs
+        cache_mask, src_mask = self._mask[rows], self._src_mask[groups]
         caches, cross = cache_graphs.caches(g.layers), cache_graphs.cross(g.layers)
         feeds = dict(zip(caches, self.past)) | dict(zip(cross, self.cross))
-        feeds |= {"rows": rows, "first": np.array([first], np.int64), "last": np.array([last], np.int64)}
+        feeds |= {"rows": rows, "cross_rows": groups}
+        feeds |= {"first": np.array([first], np.int64), "last": np.array([last], np.int64)}
         out = g.run(g.take, feeds, {f"{n}_out": None for n in caches + cross})
         return DeviceBatch(
             g,
@@ -315,6 +334,7 @@ class DeviceBatch:
             self.width - first,
             [out[f"{n}_out"] for n in cross],
             src_mask[:, :last],
+            self.group if group is None else group,
         )
 
     def concatenate(self, other: DeviceBatch) -> DeviceBatch:
@@ -322,14 +342,16 @@ class DeviceBatch:
         if not isinstance(other, DeviceBatch):
             raise TypeError("a device batch joins device batches only")
         a, b, g = self, other, self.graphs
+        if a.group != b.group:  # requests of another beam width: a cross-attention row for every row again
+            a, b = a._per_row(), b._per_row()
         width, s = max(a.width, b.width), max(a._src_mask.shape[1], b._src_mask.shape[1])
         capacity = joined_capacity(a.width, a.capacity, b.width)
         mask = np.zeros((len(a) + len(b), capacity), dtype=bool)
         mask[: len(a), width - a.width : width] = a._mask[:, : a.width]
         mask[len(a) :, width - b.width : width] = b._mask[:, : b.width]
-        src_mask = np.zeros((len(a) + len(b), s), dtype=bool)
-        src_mask[: len(a), : a._src_mask.shape[1]] = a._src_mask
-        src_mask[len(a) :, : b._src_mask.shape[1]] = b._src_mask
+        src_mask = np.zeros((len(a._src_mask) + len(b._src_mask), s), dtype=bool)
+        src_mask[: len(a._src_mask), : a._src_mask.shape[1]] = a._src_mask
+        src_mask[len(a._src_mask) :, : b._src_mask.shape[1]] = b._src_mask
         caches, cross = cache_graphs.caches(g.layers), cache_graphs.cross(g.layers)
         feeds: dict[str, ort.OrtValue | np.ndarray] = {}
         for side, x in (("a", a), ("b", b)):
@@ -348,4 +370,5 @@ class DeviceBatch:
             width,
             [out[f"{n}_out"] for n in cross],
             src_mask,
+            a.group,
         )

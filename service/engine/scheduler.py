@@ -227,7 +227,8 @@ class Scheduler:
         error = None
         if joining:
             try:
-                new = DecodeBatch.start(joining, self.translator.encoder, self.translator.spec)
+                room = self.max_running_rows if batch is None else None  # a joining batch's rows are copied
+                new = DecodeBatch.start(joining, self.translator.encoder, self.translator.spec, room=room)
             except Exception as e:  # noqa: BLE001 - reported by the loop, which fails the joining requests
                 error = e
             else:

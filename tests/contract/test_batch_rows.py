@@ -111,9 +111,10 @@ def test_spare_rows_are_never_read(graphs):
 
     def poison(batch):
         if batch.rows is not None:
-            n = len(batch)
-            for full in (*batch.rows.caches(), *batch.rows.crosses()):
-                full[n:] = np.nan
+            for full in batch.rows.caches():
+                full[len(batch) :] = np.nan
+            for full in batch.rows.crosses():  # a row per request when their beams share it
+                full[len(batch.src_mask) :] = np.nan
         return batch
 
     first = [DecodeRequest(SOURCES[0], 12), DecodeRequest(SOURCES[2], 9, beam=3, num_return=2)]
@@ -135,3 +136,52 @@ def test_spare_rows_are_never_read(graphs):
         )
         assert [h.tokens for h in r.results()] == [h.tokens for h in alone.results()]
         np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
+
+
+def test_the_beams_of_a_request_share_its_cross_attention_row_while_every_request_has_as_many(graphs):
+    """The shipped decoder takes a cross-attention row per request (export/group_cross.py): a batch whose
+    requests all search with g beams keeps one row per request; a request of another width turns the
+    batch back to a row per row. Decoded results are those of each request alone, spare rows poisoned."""
+    enc, dec, spec = graphs
+    assert spec.cross_rows == "request"
+
+    def poisoned(batch):
+        for full in batch.rows.caches():
+            full[len(batch) :] = np.nan
+        for full in batch.rows.crosses():
+            full[len(batch.src_mask) :] = np.nan
+        return batch
+
+    first = [DecodeRequest(SOURCES[i], 9, beam=2, num_return=2) for i in (0, 2, 5)]
+    batch = poisoned(DecodeBatch.start(first, enc, spec, room=16))
+    assert batch.group == 2 and len(batch) == 6 and len(batch.src_mask) == 3
+    assert all(len(k) == 3 for k in batch.cross_keys) and len(batch.rows.cross_keys[0]) == 8  # 16 rows / 2
+    batch = poisoned(steps(batch, dec, spec, 2))
+    same_width = DecodeRequest(SOURCES[1], 7, beam=2)
+    joined = poisoned(concatenate(batch, DecodeBatch.start([same_width], enc, spec), room=16))
+    assert joined.rows is batch.rows and joined.group == 2 and len(joined.src_mask) == 4  # in place, still shared
+    joined = poisoned(steps(joined, dec, spec, 2))
+    greedy = DecodeRequest(SOURCES[3], 6)
+    mixed = poisoned(concatenate(joined, DecodeBatch.start([greedy], enc, spec), room=16))
+    assert mixed.group == 1 and len(mixed.src_mask) == len(mixed) > len(joined)  # a cross-attention row for each row
+    while len(mixed):
+        _, mixed = step(poisoned(mixed), dec, spec)
+    for r in [*first, same_width, greedy]:
+        (alone,) = run_to_end(
+            enc, dec, [DecodeRequest(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec
+        )
+        assert [h.tokens for h in r.results()] == [h.tokens for h in alone.results()]
+        np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
+
+
+def test_requests_leaving_a_shared_batch_take_their_cross_attention_rows_with_them(graphs):
+    enc, dec, spec = graphs
+    reqs = [DecodeRequest(s, 40, beam=2) for s in SOURCES[:4]]
+    batch = steps(DecodeBatch.start(reqs, enc, spec), dec, spec, 3)
+    kept_cross = batch.cross_keys[0][[0, 3]].copy()
+    rows = np.array([0, 1, 6, 7])  # requests 0 and 3, their beams together
+    taken = batch.take(rows, [reqs[0], reqs[3]], batch.tokens[rows])
+    assert taken.group == 2 and len(taken.src_mask) == 2 and (taken.cross_keys[0] == kept_cross).all()
+    per_row = DecoderSpec(**{**spec.__dict__, "cross_rows": "row"})
+    alone = DecodeBatch.start([DecodeRequest(s, 40, beam=2) for s in SOURCES[:4]], enc, per_row)
+    assert alone.group == 1 and len(alone.src_mask) == 8  # a decoder without the rewrite: a row per row

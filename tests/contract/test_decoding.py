@@ -237,7 +237,9 @@ def test_top_candidates_are_each_rows_best_in_order_with_ties_to_the_lower_id():
     log_probs = np.round(rng.standard_normal((6, 50)), 1).astype(np.float32)  # rounded: plenty of ties
     log_probs[2, :] = -np.inf
     log_probs[2, 7] = 0.0
+    before = log_probs.copy()
     ids, values = top_candidates(log_probs, 8)
+    np.testing.assert_array_equal(log_probs, before)  # searched in place, every value put back
     expected = np.argsort(-log_probs, axis=1, kind="stable")[:, :8]
     np.testing.assert_array_equal(ids[[0, 1, 3, 4, 5]], expected[[0, 1, 3, 4, 5]])
     np.testing.assert_array_equal(values, np.take_along_axis(log_probs, ids, 1))

@@ -40,8 +40,10 @@ def test_the_variant_keeps_the_decoder_contract_and_records_parity_and_node_coun
     m = read_manifest(entry)
     assert m["variant"] == {"precision": "fp32", "method": fuse.METHOD, "from": f"translator/{SHIPPED_TRANSLATOR.name}"}
     fused = m["fusion"]["fused"]
-    assert fused["cross_attention"] == 2 and fused["self_attention"] == self_attention
-    assert fused["MultiHeadAttention"] == 2 + self_attention and fused["SkipLayerNormalization"] > 0
+    # the shipped decoder's cross-attention takes a row per request (export/group_cross.py): kept as it is
+    assert fused["cross_attention"] == 0 and fused["self_attention"] == self_attention
+    assert fused["MultiHeadAttention"] == self_attention and fused["SkipLayerNormalization"] > 0
+    assert m["decoding"]["cross_rows"] == "request"
     nodes = m["fusion"]["decoder_nodes_after_ort_optimisation"]
     assert nodes["before"] == fuse.ort_nodes(SHIPPED_TRANSLATOR / "decoder.onnx") > nodes["after"]
     parity = m["evaluation"]["vs_unfused"]
@@ -52,7 +54,7 @@ def test_the_variant_keeps_the_decoder_contract_and_records_parity_and_node_coun
     assert rewritten["inputs"] == original["inputs"] and rewritten["outputs"] == original["outputs"]
     assert load_entry(entry).manifest.variant.precision == "fp32"  # sha256s verify
     ops = {n.op_type for n in onnx.load(str(entry / "decoder.onnx"), load_external_data=False).graph.node}
-    assert "MultiHeadAttention" in ops and "Softmax" not in ops or self_attention == 0
+    assert ("MultiHeadAttention" in ops) == (self_attention > 0) and "Softmax" in ops  # the grouped cross-attention
     prefix = onnx.load(str(entry / "decoder_prefix.onnx"), load_external_data=False)  # attention maps: unfused
     assert not {n.op_type for n in prefix.graph.node} & {"MultiHeadAttention", "SkipLayerNormalization"}
 
@@ -90,3 +92,15 @@ def test_a_graph_without_the_exported_cross_attention_is_refused(tmp_path):
     with pytest.raises(ExportError, match="no cross-attention"):
         fuse.fuse_decoder(SHIPPED_TRANSLATOR / "encoder.onnx", tmp_path / "out.onnx", 4, 256)
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_an_exported_decoder_gets_its_cross_attention_fused(tiny_translator_repository, tmp_path):
+    """A decoder as exported (a cross-attention row per row): each layer's cross-attention -> MultiHeadAttention."""
+    entry = tmp_path / "models" / "translator" / "1"
+    shutil.copytree(tiny_translator_repository / "translator" / "1", entry)
+    proc = run_module("export.fuse", "--entry", str(entry))
+    assert proc.returncode == 0, proc.stderr
+    m = read_manifest(tmp_path / "models" / "translator-fused" / "1")
+    layers = m["decoding"]["layers"]
+    assert m["fusion"]["fused"]["cross_attention"] == layers == m["fusion"]["fused"]["MultiHeadAttention"]
+    assert m["decoding"].get("cross_rows", "row") == "row"
