@@ -91,21 +91,20 @@ class Rows:
         )
 
     @classmethod
-    def zeros(cls, spec, dtype, rows: int, capacity: int, source: int, group: int = 1) -> Rows:
-        """Zero buffers (masks all False) for ``spec``'s layers (a ``DecoderSpec``): pages of rows never
-        written are never touched."""
+    def empty(cls, spec, dtype, rows: int, capacity: int, source: int, group: int = 1) -> Rows:
+        """Uninitialised buffers for ``spec``'s layers (a ``DecoderSpec``)."""
         crosses = -(-rows // group)
 
         def shaped(n: int, columns: int) -> list[np.ndarray]:
-            return [np.zeros((n, spec.heads, columns, spec.head_dim), dtype) for _ in range(spec.layers)]
+            return [np.empty((n, spec.heads, columns, spec.head_dim), dtype) for _ in range(spec.layers)]
 
         return cls(
             shaped(rows, capacity),
             shaped(rows, capacity),
-            np.zeros((rows, capacity), bool),
+            np.empty((rows, capacity), bool),
             shaped(crosses, source),
             shaped(crosses, source),
-            np.zeros((crosses, source), bool),
+            np.empty((crosses, source), bool),
             group,
         )
 

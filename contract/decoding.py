@@ -256,7 +256,10 @@ class DecodeBatch:
         rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
         cross = np.arange(len(requests)) if group > 1 else rows  # a request's encoding: once, or in each beam row
         n = len(rows)
-        buffers = Rows.zeros(spec, keys.dtype, spare_rows(n, room), GROW, width, group)
+        buffers = Rows.empty(spec, keys.dtype, spare_rows(n, room), GROW, width, group)
+        for full in buffers.caches():  # the rows in use: an empty cache, zero and masked
+            full[:n] = 0
+        buffers.cache_mask[:n] = False
         for full, x in zip(buffers.crosses(), [*keys, *values]):
             np.take(x, cross, axis=0, out=full[: len(cross)], mode="clip")
         buffers.src_mask[: len(cross)] = mask[cross]
