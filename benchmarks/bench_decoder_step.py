@@ -8,7 +8,11 @@ optimisation, ``--threads`` intra-op threads). In each round every entry runs in
 the rounds is kept, with the ratio to the first entry (its time over this one's: above 1, faster) and
 that ratio's lowest and highest single round. The inputs are random
 but the same for every entry; the largest log-prob difference to the first entry is printed beside.
-What it answers: whether a rewritten step graph (``export.fuse``) is faster than the exported one.
+With ``--group G`` every G adjacent rows share their cross-attention keys, values and source mask
+(a request's beams): an entry whose decoder takes a row per request (``decoding.cross_rows``,
+``export.group_cross``) gets one row per G, the others a copy in every row.
+What it answers: whether a rewritten step graph (``export.fuse``, ``export.group_cross``) is faster
+than the exported one.
 """
 
 from __future__ import annotations
@@ -31,19 +35,31 @@ CACHE, SOURCE = 24, 20  # columns of the cache buffer, source positions
 MIN_SECONDS = 0.1  # each measurement repeats the step until it lasts about this long
 
 
-def feeds(spec: DecoderSpec, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def feeds(spec: DecoderSpec, rows: int, rng: np.random.Generator, group: int = 1) -> dict[str, np.ndarray]:
+    """Random step inputs; cross-attention inputs alike for each ``group`` adjacent rows."""
     names = decoder_inputs(spec.layers)
+    shared = max(1, rows // group)
     out = {
         "tokens": rng.integers(4, 1000, (rows, 1)),
         "positions": np.full((rows, 1), CACHE, np.int64),
         "cache_mask": np.ones((rows, CACHE), bool),
-        "src_mask": np.ones((rows, SOURCE), bool),
+        "src_mask": np.ones((shared, SOURCE), bool),
     }
     out["cache_mask"][::2, :3] = False  # every other row joined three steps later (left-padded)
+    out["src_mask"][::3, SOURCE - 4 :] = False  # and some sources are shorter
     for name in names[4:]:
-        width = CACHE if name.startswith("past") else SOURCE
-        out[name] = rng.standard_normal((rows, spec.heads, width, spec.head_dim)).astype(np.float32)
+        n, width = (rows, CACHE) if name.startswith("past") else (shared, SOURCE)
+        out[name] = rng.standard_normal((n, spec.heads, width, spec.head_dim)).astype(np.float32)
     return out
+
+
+def for_entry(inputs: dict[str, np.ndarray], spec: DecoderSpec, rows: int) -> dict[str, np.ndarray]:
+    """The inputs as the entry's decoder takes them: shared cross-attention rows, or one copy per row."""
+    if spec.cross_rows == "request" or len(inputs["src_mask"]) == rows:
+        return inputs
+    g = rows // len(inputs["src_mask"])
+    shared = ["src_mask"] + [n for n in inputs if n.startswith("cross_")]
+    return inputs | {n: np.repeat(inputs[n], g, axis=0) for n in shared}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("entries", type=Path, nargs="+", help="translator entries; ratios are to the first")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--group", type=int, default=1, help="rows sharing cross-attention inputs (a request's beams)")
     args = p.parse_args(argv)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -65,19 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     for entry, graph in zip(args.entries, graphs):
         print(f"{entry!s:<40} {ort_nodes(graph):>4} nodes per step after onnxruntime's optimisation")
     for rows in BATCHES:
-        inputs = feeds(specs[0], rows, np.random.default_rng(rows))
-        first = [s.run(["log_probs"], inputs)[0] for s in sessions]
+        common = feeds(specs[0], rows, np.random.default_rng(rows), args.group if rows % args.group == 0 else 1)
+        inputs = [for_entry(common, spec, rows) for spec in specs]
+        first = [s.run(["log_probs"], x)[0] for s, x in zip(sessions, inputs)]
         reps = []
-        for s in sessions:
+        for s, x in zip(sessions, inputs):
             start = time.perf_counter()
-            s.run(None, inputs)
+            s.run(None, x)
             reps.append(max(1, round(MIN_SECONDS / (time.perf_counter() - start))))
         ms: list[list[float]] = [[] for _ in sessions]
         for r in range(args.rounds):
             for k in [(r + i) % len(sessions) for i in range(len(sessions))]:
                 start = time.perf_counter()
                 for _ in range(reps[k]):
-                    sessions[k].run(None, inputs)
+                    sessions[k].run(None, inputs[k])
                 ms[k].append((time.perf_counter() - start) / reps[k] * 1e3)
         cells = []
         for k, entry in enumerate(args.entries):

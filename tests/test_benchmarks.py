@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import run_module
+from tests.conftest import ROOT, run_module
 
 FIGURE = re.compile(r"(\d[\d,]*(?:\.\d+)?) ?(x|ms|tok/s|img/s|req/s)(?![\w/])")
 SANE = {"x": (0.01, 1000.0), "ms": (0.001, 60_000.0), "tok/s": (1.0, 1e7), "img/s": (1.0, 1e7), "req/s": (1.0, 1e7)}
@@ -341,3 +341,27 @@ def test_bench_joins_runs_both_checkouts_on_a_stream_of_requests():
     assert proc.returncode == 0, proc.stderr
     assert_sane_figures(proc.stdout, ("greedy  this", "greedy  other", "beam 4  this", "beam 4  other"))
     assert len(re.findall(r"this vs other: \d+\.\d{3}x \(rounds", proc.stdout)) == 2, proc.stdout
+
+
+def test_bench_decoder_step_shares_cross_attention_rows_with_group(tmp_path):
+    """--group 4: the shipped decoder (a cross-attention row per request) gets one row per 4, the same graph
+    told to take a row per row (its manifest edited) gets copies; both compute the same log-probs."""
+    per_row = tmp_path / "translator" / "3"
+    shutil.copytree(ROOT / "models" / "translator" / "3", per_row)
+    manifest = json.loads((per_row / "manifest.json").read_text())
+    manifest["decoding"]["cross_rows"] = "row"
+    (per_row / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_module(
+        "benchmarks.bench_decoder_step",
+        str(per_row),
+        "models/translator/3",
+        "--rounds",
+        "2",
+        "--group",
+        "4",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(re.findall(r"^batch +(\d+) +(.*)$", proc.stdout, re.MULTILINE))
+    drifts = [float(d) for d in re.findall(r"\|dlog_probs\| (\S+)\)", rows["64"])]
+    assert len(drifts) == 2 and drifts[0] == 0.0 and 0.0 <= drifts[1] < 1e-4, proc.stdout
