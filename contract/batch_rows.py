@@ -72,31 +72,18 @@ class Rows:
     @classmethod
     def allocate(cls, like, rows: int, capacity: int, source: int, group: int = 1) -> Rows:
         """Uninitialised buffers shaped like batch ``like``'s, for ``rows`` rows, ``capacity`` cache and ``source`` columns."""
-        crosses = -(-rows // group)
-
-        def cache(x: np.ndarray) -> np.ndarray:
-            return np.empty((rows, x.shape[1], capacity, x.shape[3]), x.dtype)
-
-        def cross(x: np.ndarray) -> np.ndarray:
-            return np.empty((crosses, x.shape[1], source, x.shape[3]), x.dtype)
-
-        return cls(
-            [cache(x) for x in like.past_keys],
-            [cache(x) for x in like.past_values],
-            np.empty((rows, capacity), bool),
-            [cross(x) for x in like.cross_keys],
-            [cross(x) for x in like.cross_values],
-            np.empty((crosses, source), bool),
-            group,
-        )
+        keys = like.past_keys[0]
+        return cls.empty(len(like.past_keys), keys.shape[1], keys.shape[3], keys.dtype, rows, capacity, source, group)
 
     @classmethod
-    def empty(cls, spec, dtype, rows: int, capacity: int, source: int, group: int = 1) -> Rows:
-        """Uninitialised buffers for ``spec``'s layers (a ``DecoderSpec``)."""
+    def empty(
+        cls, layers: int, heads: int, head_dim: int, dtype, rows: int, capacity: int, source: int, group: int = 1
+    ) -> Rows:
+        """Uninitialised buffers for ``layers`` layers of ``heads`` x ``head_dim``."""
         crosses = -(-rows // group)
 
         def shaped(n: int, columns: int) -> list[np.ndarray]:
-            return [np.empty((n, spec.heads, columns, spec.head_dim), dtype) for _ in range(spec.layers)]
+            return [np.empty((n, heads, columns, head_dim), dtype) for _ in range(layers)]
 
         return cls(
             shaped(rows, capacity),

@@ -170,6 +170,16 @@ class ResidentEncoder(Protocol):
     def start_batch(self, requests: list[DecodeRequest], spec: DecoderSpec) -> Batch: ...
 
 
+def cross_layout(requests: Sequence[DecodeRequest], spec: DecoderSpec) -> tuple[int, np.ndarray]:
+    """(group, the request each cross-attention row holds): a row per request, shared by its ``group`` beam
+    rows, when the decoder takes that (``spec.cross_rows``) and every request has as many beams; else a row
+    for every decoder row."""
+    beams = {r.beam for r in requests}
+    if spec.cross_rows == "request" and len(beams) == 1:
+        return beams.pop(), np.arange(len(requests))
+    return 1, np.repeat(np.arange(len(requests)), [r.beam for r in requests])
+
+
 class DecodeBatch:
     """Rows being decoded, grouped by request, with the decoder inputs for the next step.
 
@@ -251,12 +261,11 @@ class DecodeBatch:
             keys[:, run, :, : ids.shape[1]] = enc["cross_keys"]
             values[:, run, :, : ids.shape[1]] = enc["cross_values"]
             mask[run, : ids.shape[1]] = run_mask
-        beams = {r.beam for r in requests}
-        group = beams.pop() if spec.cross_rows == "request" and len(beams) == 1 else 1
-        rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
-        cross = np.arange(len(requests)) if group > 1 else rows  # a request's encoding: once, or in each beam row
-        n = len(rows)
-        buffers = Rows.empty(spec, keys.dtype, spare_rows(n, room), GROW, width, group)
+        group, cross = cross_layout(requests, spec)
+        n = sum(r.beam for r in requests)
+        buffers = Rows.empty(
+            spec.layers, spec.heads, spec.head_dim, keys.dtype, spare_rows(n, room), GROW, width, group
+        )
         for full in buffers.caches():  # the rows in use: an empty cache, zero and masked
             full[:n] = 0
         buffers.cache_mask[:n] = False

@@ -41,7 +41,8 @@ CROSS_ROWS = "request"
 
 
 def group_cross_attention(model: onnx.ModelProto, heads: int, head_dim: int) -> int:
-    """Rewrite each layer's cross-attention of a step graph, in place; returns how many layers it rewrote."""
+    """Rewrite each layer's cross-attention of a step graph, in place (the nodes it no longer needs stay until
+    extracted away); returns how many layers it rewrote."""
     graph = _Graph(model)
     layers = sum(1 for i in graph.g.input if i.name.startswith("past_keys_"))
     replaced: dict[int, list[onnx.NodeProto]] = {}
@@ -96,23 +97,7 @@ def group_cross_attention(model: onnx.ModelProto, heads: int, head_dim: int) -> 
     for value in graph.g.input:  # their rows: one per request, or one per row
         if value.name == "src_mask" or value.name.startswith(("cross_keys_", "cross_values_")):
             value.type.tensor_type.shape.dim[0].dim_param = "cross_rows"
-    _drop_dead(graph.g)
     return len(replaced)
-
-
-def _drop_dead(g: onnx.GraphProto) -> None:
-    """Remove the nodes and initializers no graph output depends on (the old masks), keeping the order."""
-    needed = {o.name for o in g.output}
-    live = []
-    for node in reversed(g.node):
-        if any(o in needed for o in node.output):
-            live.append(node)
-            needed |= set(node.input)
-    del g.node[:]
-    g.node.extend(reversed(live))
-    unused = [t for t in g.initializer if t.name not in needed]
-    for t in unused:
-        g.initializer.remove(t)
 
 
 def parity(entry: Path, grouped_decoder: Path, sentences: list[str]) -> dict:
@@ -149,6 +134,9 @@ def write_grouped(entry: Path, target: Path | None, sentences: list[str]) -> tup
     model = onnx.load(str(entry / decoder), load_external_data=False)  # weights stay in weights.bin
     if not group_cross_attention(model, cfg["heads"], cfg["dim"] // cfg["heads"]):
         raise ExportError(f"{entry / decoder}: no cross-attention of the exported form found to rewrite")
+    model = onnx.utils.Extractor(model).extract_model(  # drops what the rewrite left unused (the old masks)
+        [i.name for i in model.graph.input], [o.name for o in model.graph.output]
+    )
     with tempfile.TemporaryDirectory(prefix=".group-", dir=entry.parent) as tmp:
         staged = Path(tmp) / decoder
         onnx.save(model, str(staged))

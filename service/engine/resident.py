@@ -29,6 +29,7 @@ from contract.decoding import (
     Graph,
     advance,
     candidates_needed,
+    cross_layout,
     length_runs,
     pad_sources,
     per_layer,
@@ -144,20 +145,18 @@ class ResidentEncoder:
             mask[run, : ids.shape[1]] = run_mask
             stacked += run
         at = {request: i for i, request in enumerate(stacked)}
-        rows = np.repeat(np.arange(len(requests)), [r.beam for r in requests])
-        beams = {r.beam for r in requests}
-        group = beams.pop() if spec.cross_rows == "request" and len(beams) == 1 else 1
-        cross = np.arange(len(requests)) if group > 1 else rows  # as contract/decoding.py lays them out
+        rows = sum(r.beam for r in requests)
+        group, cross = cross_layout(requests, spec)
         feeds["rows"] = np.array([at[r] for r in cross], dtype=np.int64)
-        feeds["cache_shape"] = np.array([len(rows), spec.heads, GROW, spec.head_dim], dtype=np.int64)
+        feeds["cache_shape"] = np.array([rows, spec.heads, GROW, spec.head_dim], dtype=np.int64)
         names = cache_graphs.cross(g.layers) + cache_graphs.caches(g.layers)
         out = g.run(g.start(len(runs)), feeds, {f"{n}_out": None for n in names})
         return DeviceBatch(
             g,
             list(requests),
-            np.full(len(rows), spec.bos_id, dtype=np.int64),
+            np.full(rows, spec.bos_id, dtype=np.int64),
             [out[f"{n}_out"] for n in cache_graphs.caches(g.layers)],
-            np.zeros((len(rows), GROW), dtype=bool),
+            np.zeros((rows, GROW), dtype=bool),
             0,
             [out[f"{n}_out"] for n in cache_graphs.cross(g.layers)],
             mask[cross],
