@@ -38,7 +38,10 @@ class StoreObserver(Protocol):
 
 
 def new_id() -> str:
-    return secrets.token_urlsafe(16)
+    """128 random bits, URL-safe, never starting with "-" (which a shell command would take for an option)."""
+    while (attention_id := secrets.token_urlsafe(16)).startswith("-"):
+        pass
+    return attention_id
 
 
 class MemoryStore:

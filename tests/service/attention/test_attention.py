@@ -186,3 +186,16 @@ def test_heatmaps_are_valid_pngs_of_the_documented_size():
     labels = [f"▁tok{i}" for i in range(40)]
     png = render.token_grid(np.random.rand(30, 40), labels[:30], labels, "t", "generated", "source")
     assert png_size(png) == large
+
+
+def test_attention_ids_never_start_with_a_dash(monkeypatch):
+    """A leading "-" makes the id an option to a shell command (`attnserve-client attention <id>`)."""
+    import secrets
+
+    from service.attention import store
+
+    drawn = iter(["-leading", "-again", "Fine_id-9"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(drawn))
+    assert store.new_id() == "Fine_id-9"
+    monkeypatch.undo()
+    assert not any(store.new_id().startswith("-") for _ in range(2000))
