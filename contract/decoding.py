@@ -40,6 +40,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from contract.batch_rows import GROW, Rows, joined_capacity, spare_rows, trim_points
+from contract.constraints import Constraint, apply
 from contract.manifest import Manifest, ManifestError
 from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -114,6 +115,7 @@ class Hypothesis:
     score: float  # sum of token log-probabilities (eos included when it was produced)
     finished: bool  # produced eos (False: stopped by the length limit)
     step_log_probs: list[np.ndarray] = field(default_factory=list)  # per step (V,), only when recorded
+    placed: int = 0  # the spans of the request's constraint placed so far, as a bit set
 
     def ranking(self, length_penalty: float) -> float:
         return self.score / max(1, len(self.tokens) + self.finished) ** length_penalty
@@ -129,6 +131,7 @@ class DecodeRequest:
     length_penalty: float = 1.0
     num_return: int = 1
     record: bool = False  # keep every step's log-probs (parity checks)
+    constraint: Constraint | None = None  # sentinels each hypothesis must emit once (contract/constraints.py)
     id: int = field(default_factory=lambda: next(_ids))
     live: list[Hypothesis] = field(default_factory=list)  # one per row, in row order
     done: list[Hypothesis] = field(default_factory=list)
@@ -419,16 +422,17 @@ def _select(
             parent = req.live[row]
             history = parent.step_log_probs + [log_probs[i, row].copy()] if req.record and log_probs is not None else []
             if ended:
-                req.done.append(Hypothesis(parent.tokens, score, True, history))
+                req.done.append(Hypothesis(parent.tokens, score, True, history, parent.placed))
             else:
-                new_live.append(Hypothesis(parent.tokens + [tok], score, False, history))
+                placed = parent.placed if req.constraint is None else req.constraint.placed(parent.placed, tok)
+                new_live.append(Hypothesis(parent.tokens + [tok], score, False, history, placed))
                 survivors.append((row, tok))
         if len(req.done) >= req.beam or req.steps >= req.max_new_tokens or not new_live:
             req.live = new_live  # at the length limit, results() tops the n-best list up with these
             out.append([])
             continue
         pad = req.beam - len(new_live)  # fewer live candidates than beams (tiny vocabularies): dead rows
-        req.live = new_live + [Hypothesis(new_live[0].tokens, -np.inf, False)] * pad
+        req.live = new_live + [Hypothesis(new_live[0].tokens, -np.inf, False, placed=new_live[0].placed)] * pad
         out.append(survivors + [survivors[0]] * pad)
     return out
 
@@ -442,6 +446,8 @@ def _greedy(req: DecodeRequest, tok: int, log_prob: float, eos: int) -> list[tup
         return []
     h.tokens.append(tok)
     h.score += log_prob
+    if req.constraint is not None:
+        h.placed = req.constraint.placed(h.placed, tok)
     return [] if req.steps >= req.max_new_tokens else [(0, tok)]
 
 
@@ -491,14 +497,19 @@ def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list
     """
     offsets = np.cumsum([0] + [r.beam for r in requests[:-1]])
     survivors: list[list[tuple[int, int]]] = [[] for _ in requests]
-    plain = [i for i, r in enumerate(requests) if not r.cancelled and r.beam == 1 and not r.record]
+    bound = [i for i, r in enumerate(requests) if r.constraint is not None and not r.cancelled]
+    if bound:
+        _advance_constrained(requests, bound, offsets, scores, eos, survivors)
+    plain = [
+        i for i, r in enumerate(requests) if not r.cancelled and r.beam == 1 and not r.record and r.constraint is None
+    ]
     if plain:
         ids, values = scores.best(offsets[plain], 1)
         for i, tok, lp in zip(plain, ids[:, 0].tolist(), values[:, 0].tolist()):
             survivors[i] = _greedy(requests[i], tok, lp, eos)
     widths: dict[int, list[int]] = {}
     for i, r in enumerate(requests):
-        if not r.cancelled and (r.beam > 1 or r.record):
+        if not r.cancelled and (r.beam > 1 or r.record) and r.constraint is None:
             widths.setdefault(r.beam, []).append(i)
     for beam, idx in widths.items():
         rows = (offsets[idx][:, None] + np.arange(beam)).ravel()
@@ -511,6 +522,46 @@ def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list
         for i, picked in zip(idx, chosen):
             survivors[i] = picked
     return survivors
+
+
+def _advance_constrained(
+    requests: list[DecodeRequest],
+    bound: list[int],
+    offsets: np.ndarray,
+    scores: StepScores,
+    eos: int,
+    survivors: list[list[tuple[int, int]]],
+) -> None:
+    """:func:`advance` for the requests with a constraint: their rows' log-probs, what each row may not emit
+    set to -inf (:func:`contract.constraints.apply`), then the same greedy pick or beam selection."""
+    rows = np.concatenate([offsets[i] + np.arange(requests[i].beam) for i in bound])
+    x = scores.full(rows)  # (rows, V): spent after this step, so masked in place
+    limits = []
+    for i in bound:
+        req = requests[i]
+        left = req.max_new_tokens - req.steps  # tokens each hypothesis may still emit, this one included
+        for h in req.live:
+            missing = req.constraint.missing(h.placed)
+            limits.append((req.constraint, h.placed, 0 < missing >= left))
+    apply(x, limits)
+    start = np.cumsum([0] + [requests[i].beam for i in bound])
+    by_width: dict[int, list[int]] = {}
+    for n, i in enumerate(bound):
+        req = requests[i]
+        if req.beam == 1 and not req.record:
+            tok = int(x[start[n]].argmax())
+            survivors[i] = _greedy(req, tok, float(x[start[n], tok]), eos)
+        else:
+            by_width.setdefault(req.beam, []).append(n)
+    for beam, members in by_width.items():
+        mine = x[np.concatenate([start[n] + np.arange(beam) for n in members])]
+        ids, values = top_candidates(mine, min(2 * beam, mine.shape[1]))
+        k = ids.shape[1]
+        reqs = [requests[bound[n]] for n in members]
+        recorded = mine.reshape(len(members), beam, -1) if any(r.record for r in reqs) else None
+        chosen = _select(reqs, ids.reshape(len(members), beam, k), values.reshape(len(members), beam, k), eos, recorded)
+        for n, picked in zip(members, chosen):
+            survivors[bound[n]] = picked
 
 
 def plan(

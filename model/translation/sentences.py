@@ -7,39 +7,9 @@ kept whole (it is still a correct translation) and the length filter decides.
 
 from __future__ import annotations
 
-import re
+from contract.sentences import split_sentences
 
-# Candidate boundary: ., ! or ? (not part of "..."), optional closing quotes/brackets, whitespace,
-# then something that can start a sentence (optionally an opening quote or bracket, then an uppercase letter).
-_BOUNDARY = re.compile(r"(?<!\.)[.!?][\"'”“»«)\]]*\s+(?=[\"'„“»«(\[]?[A-ZÄÖÜ])")
-
-# Lower-cased words ending in a period that end no sentence (English and German help text).
-ABBREVIATIONS = frozenset({
-    "e.g.", "i.e.", "etc.", "vs.", "approx.", "incl.", "no.", "fig.", "cf.", "resp.", "min.", "max.", "mr.", "mrs.",
-    "dr.", "st.", "ca.", "bzw.", "usw.", "ggf.", "evtl.", "z.b.", "d.h.", "u.a.", "z.t.", "nr.", "abb.", "bspw.",
-    "inkl.", "sog.", "vgl.", "bzgl.", "ggfs.", "zb.", "dh.",
-})  # fmt: skip
-
-
-def _ends_sentence(text_before: str) -> bool:
-    """Whether the word that carries the period can end a sentence (not ``e.g.``, ``z. B.``, ``20.``)."""
-    word = text_before.rsplit(None, 1)[-1].lower() if text_before.strip() else ""
-    if word in ABBREVIATIONS or word.rstrip(".").isdigit():
-        return False
-    return not (len(word) == 2 and word[0].isalpha() and word[1] == ".")  # single letters: "B.", "A."
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split at sentence ends; abbreviations, initials and German ordinals (``20. März``) do not split."""
-    sentences, start = [], 0
-    for m in _BOUNDARY.finditer(text):
-        before = text[start : m.start() + 1]
-        if m.group(0)[0] == "." and not _ends_sentence(before):
-            continue
-        sentences.append(text[start : m.end()].strip())
-        start = m.end()
-    sentences.append(text[start:].strip())
-    return [s for s in sentences if s]
+__all__ = ["align_sentences", "split_sentences"]
 
 
 def align_sentences(source: str, target: str) -> list[tuple[str, str]]:

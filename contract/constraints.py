@@ -1,0 +1,144 @@
+"""Constrained search: a hypothesis emits each of its request's sentinels exactly once, in an allowed order.
+
+A request whose text had protected spans (``contract/placeholders.py``) carries a :class:`Constraint`:
+for each span, the token ids that spell its sentinel (one piece, with or without the word-start mark)
+and the spans that must come before it. Before the search reads a step's log-probs, :func:`apply`
+sets to ``-inf``, in each of the request's rows:
+
+- every sentinel already placed in that row's hypothesis (no sentinel twice), and every sentinel
+  whose predecessors are not all placed yet (order);
+- end of sentence while a sentinel is missing (none left out);
+- every piece holding a character that starts a protected span (``%``, ``{``, ``}``, ``<``, ``>``,
+  ``&``, ``\\``) when the masked source has no such character: the model cannot write a placeholder of
+  its own (no invented ``%n``);
+- and, when the tokens a hypothesis may still emit are no more than the sentinels it lacks, every
+  token but those sentinels (so the length limit cannot cut one off).
+
+The search then ranks what is left as it always does, with the model's own log-probs, so a request
+without a constraint decodes exactly as before, and greedy, beam search, n-best, streaming and both
+decoding paths (host and device-resident) share this one rule. A hypothesis records what it has
+placed as a bit set (``Hypothesis.placed``), carried from parent to child.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+GUARDED = "%{}<>&\\"  # characters that start a protected span
+
+
+@dataclass(frozen=True)
+class SentinelVocabulary:
+    """A tokenizer's sentinels (strings each spelt by one piece) and the pieces holding guarded characters."""
+
+    sentinels: tuple[str, ...]  # in the order masking uses them
+    ids: tuple[tuple[int, ...], ...]  # per sentinel, the pieces that spell it
+    guarded: dict[str, np.ndarray]  # per guarded character, the ids of the pieces that contain it
+
+    @classmethod
+    def build(cls, tokenizer, candidates: Sequence[str]) -> SentinelVocabulary:
+        """The candidates that the tokenizer spells as one piece (with or without ``▁``), and the guarded pieces.
+
+        ``tokenizer``: :class:`contract.tokenizer.Tokenizer` or ``SentencePiecePair`` (``pieces``, ``piece_to_id``,
+        ``vocab_size``, ``encode``)."""
+        sentinels, ids = [], []
+        for s in candidates:
+            spelt = {tokenizer.piece_to_id(p) for p in (s, "\u2581" + s)} - {tokenizer.unk_id}
+            spelt = {i for i in spelt if tokenizer.pieces([i])[0].lstrip("\u2581") == s}
+            if spelt and len(tokenizer.encode(s)) == 1:
+                sentinels.append(s)
+                ids.append(tuple(sorted(spelt)))
+        control = set(tokenizer.special.as_dict().values())  # </s> is no tag
+        surface = [
+            "" if i in control else _surface(p) for i, p in enumerate(tokenizer.pieces(range(tokenizer.vocab_size)))
+        ]
+        guarded = {c: np.array([i for i, t in enumerate(surface) if c in t], dtype=np.int64) for c in GUARDED}
+        return cls(tuple(sentinels), tuple(ids), guarded)
+
+
+def _surface(piece: str) -> str:
+    """The text a piece stands for: a byte-fallback piece ``<0x25>`` is ``%``."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return chr(int(piece[3:5], 16))
+        except ValueError:
+            return piece
+    return piece
+
+
+@dataclass(eq=False)
+class Constraint:
+    """What one request's hypotheses must emit: ``spans[i]``'s sentinel, spelt by any of ``ids[i]``, once each,
+    after every span of ``after[i]``."""
+
+    ids: tuple[tuple[int, ...], ...]
+    after: tuple[tuple[int, ...], ...]
+    banned: np.ndarray  # never allowed (guarded pieces the masked source has no use for)
+    eos: int
+    _token_span: dict[int, int] = field(init=False, repr=False)
+    _masks: dict[tuple[int, bool], np.ndarray] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._token_span = {t: i for i, ids in enumerate(self.ids) for t in ids}
+        self.complete = (1 << len(self.ids)) - 1
+
+    @classmethod
+    def for_text(
+        cls, masked_text: str, sentinels: Sequence[str], vocabulary: SentinelVocabulary, after, eos: int
+    ) -> Constraint:
+        """The constraint of a masked sentence whose spans use ``sentinels`` (in span order)."""
+        index = {s: i for i, s in enumerate(vocabulary.sentinels)}
+        ids = tuple(vocabulary.ids[index[s]] for s in sentinels)
+        parts = [vocabulary.guarded[c] for c in GUARDED if c not in masked_text]
+        banned = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        return cls(ids, tuple(tuple(a) for a in after), banned, eos)
+
+    def placed(self, state: int, token: int) -> int:
+        """The set of placed spans after ``token``."""
+        span = self._token_span.get(token)
+        return state if span is None else state | (1 << span)
+
+    def missing(self, state: int) -> int:
+        return len(self.ids) - state.bit_count()
+
+    def disallowed(self, state: int, forced: bool) -> np.ndarray:
+        """The ids a row in ``state`` may not emit now (``forced``: the ones it may, flagged by the caller)."""
+        key = (state, forced)
+        if key not in self._masks:
+            ready, waiting = [], []
+            for i, ids in enumerate(self.ids):
+                placed = state >> i & 1
+                if not placed and all(state >> j & 1 for j in self.after[i]):
+                    ready += ids
+                else:
+                    waiting += ids
+            if forced:  # only the sentinels that can come next
+                self._masks[key] = np.array(sorted(ready), dtype=np.int64)
+            else:
+                extra = [self.eos] if state != self.complete else []
+                self._masks[key] = np.unique(np.concatenate([self.banned, np.array(waiting + extra, dtype=np.int64)]))
+        return self._masks[key]
+
+
+def apply(log_probs: np.ndarray, rows: Sequence[tuple[Constraint, int, bool]]) -> np.ndarray:
+    """Set what each row may not emit to ``-inf``, in place: ``rows[r]`` = (its constraint, its hypothesis's
+    placed set, whether it must place a sentinel now). Returns ``log_probs``."""
+    bans, counts, forced = [], [], []
+    for r, (constraint, state, must) in enumerate(rows):
+        ids = constraint.disallowed(state, must)
+        if must:
+            forced.append((r, ids))
+            continue
+        bans.append(ids)
+        counts.append(len(ids))
+    free = [r for r, (_, _, must) in enumerate(rows) if not must]
+    if bans:
+        log_probs[np.repeat(np.array(free), counts), np.concatenate(bans)] = -np.inf
+    for r, allowed in forced:
+        keep = log_probs[r, allowed].copy()
+        log_probs[r] = -np.inf
+        log_probs[r, allowed] = keep
+    return log_probs
