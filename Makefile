@@ -13,7 +13,7 @@ RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: help install install-dev system-deps data corpus heldout train export train-translator export-translator import-hf int8 models serve lint test test-all bench docs clean
+.PHONY: help install install-dev system-deps data corpus heldout heldout-placeholders train export train-translator export-translator import-hf int8 models serve lint test test-all bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ corpus: install-dev  ## English-German corpus from Debian packages + its Sentenc
 
 heldout: install-dev  ## out-of-domain test set: the core system tools' catalogs, never trained on (needs make corpus)
 	$(BIN)/python -m model.translation.heldout --corpus data/translation --out data/translation-heldout
+
+heldout-placeholders: install-dev  ## the same catalogs' messages that carry placeholders, kept verbatim (needs make corpus)
+	$(BIN)/python -m model.translation.heldout_placeholders --corpus data/translation --out data/translation-heldout-placeholders
 
 train-translator: install-dev  ## train the translator (PROFILE=default|tiny; resume with ARGS=--resume)
 	$(BIN)/python -m model.train_translator --profile $(PROFILE) $(TRANSLATOR_RECIPE) $(ARGS)

@@ -101,30 +101,49 @@ def heldout_set(
     return pairs, domains, counts
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m model.translation.heldout", description=__doc__.splitlines()[0])
+def parser(prog: str, doc: str, out: str, per_tool: int) -> argparse.ArgumentParser:
+    """The options every held-out set takes: the corpus it excludes, where it goes, the package cache, the cap."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     p.add_argument("--corpus", type=Path, default=Path("data/translation"), help="corpus whose train.tsv is excluded")
-    p.add_argument("--out", type=Path, default=Path("data/translation-heldout"), help="output folder")
+    p.add_argument("--out", type=Path, default=Path(out), help="output folder (default: %(default)s)")
     p.add_argument("--cache", type=Path, default=Path("data/cache"), help="downloaded and unpacked packages")
-    p.add_argument("--per-tool", type=int, default=PER_TOOL, help="pairs kept per tool (default: %(default)s)")
+    p.add_argument("--per-tool", type=int, default=per_tool, help="pairs kept per tool (default: %(default)s)")
     p.add_argument("--offline", action="store_true", help="use only packages already in the cache; never call apt-get")
     p.add_argument("--refresh", action="store_true", help="download and unpack again even when cached")
     p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    args = parser("python -m model.translation.heldout", __doc__, "data/translation-heldout", PER_TOOL).parse_args(argv)
+    if args.per_tool < 1:
+        raise CliError("--per-tool must be at least 1")
+    return args
+
+
+def fetch_reserved(args: argparse.Namespace) -> dict[str, list[debian.Unpacked]]:
+    """Each tool's packages, from the cache or apt (``--cache``, ``--offline``, ``--refresh``)."""
+    return {
+        name: [debian.fetch(p, args.cache, offline=args.offline, refresh=args.refresh) for p in packages]
+        for name, packages in RESERVED.items()
+    }
+
+
+def write_set(out: Path, pairs: list[Pair], domains: list[str], stats: dict) -> None:
+    """``test.tsv``, ``test.domains`` (the tool of each pair) and ``stats.json``, as ``export.evaluate`` reads them."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_tsv(out / "test.tsv", pairs)
+    (out / "test.domains").write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
+    (out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    if args.per_tool < 1:
-        raise CliError("--per-tool must be at least 1")
     try:
         train, _ = read_tsv(args.corpus / "train.tsv")
         keys = training_keys(train)
-        unpacked = {
-            name: [debian.fetch(p, args.cache, offline=args.offline, refresh=args.refresh) for p in packages]
-            for name, packages in RESERVED.items()
-        }
+        unpacked = fetch_reserved(args)
         catalogs = {
             name: sources.read_game_catalogs([u.root for u in found], LOCALE_DIR, not args.no_progress)
             for name, found in unpacked.items()
@@ -134,9 +153,6 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(str(e)) from e
     except OSError as e:
         raise CliError(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from e
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_tsv(args.out / "test.tsv", pairs)
-    (args.out / "test.domains").write_text("".join(f"{d}\n" for d in domains), encoding="utf-8")
     stats = {
         "direction": {"source": "en", "target": "de"},
         "total": len(pairs),
@@ -147,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "excluded": {"corpus": str(args.corpus), "train_pairs": len(train)},
         "command": "python -m model.translation.heldout " + shlex.join(argv if argv is not None else sys.argv[1:]),
     }
-    (args.out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_set(args.out, pairs, domains, stats)
     log.info("wrote %s: %d pairs from %d tools", args.out, len(pairs), len(RESERVED))
     return 0
 
