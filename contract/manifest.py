@@ -179,6 +179,9 @@ class DecodingSpec(Section):
     # "request": the decoder's cross_keys/cross_values/src_mask may hold one row per request, shared by
     # its beam rows (export/group_cross.py); "row": one per decoder row
     cross_rows: Literal["row", "request"] = "row"
+    # What masking puts in place of a protected span, each spelt by one piece of the tokenizer, in the order
+    # they are used (contract/translation_text.py); empty: the capital letters the tokenizer spells as one piece.
+    sentinels: list[str] = Field(default_factory=list)
 
 
 class Variant(Section):

@@ -144,13 +144,19 @@ class TranslateRequest(BaseModel):
     max_new_tokens: int | None = Field(
         None,
         ge=1,
-        description="Generated-token limit (default: 1.5 x source tokens + 10, capped; at most the model's positions).",
+        description="Generated-token limit of each sentence (default: 1.5 x its source tokens + 10, capped; at most "
+        "the model's positions); a sentence cut there is reported (`finished: false`).",
         json_schema_extra=bounded_by(maximum="max_new_tokens"),
     )
     return_attention: bool = Field(
         False,
         description="Also answer, per text, an `attention_id` and the source-target "
         "alignment of the returned translation.",
+    )
+    protect_placeholders: bool = Field(
+        True,
+        description="Mask printf/brace placeholders, tags, entities and escapes before decoding, make the search "
+        "place each exactly once, and restore them (`placeholders` in the answer); false: translate the text as is.",
     )
     stream: bool = Field(
         False,
@@ -184,11 +190,28 @@ class AlignmentSummary(BaseModel):
     alignment: list[list[float]] = Field(description="target x source: each row sums to 1.")
 
 
+class Placeholder(BaseModel):
+    text: str = Field(description="The span as it stands in the source, carried over verbatim.")
+    kind: str = Field(description="printf, percent, positional, brace, tag, entity or escape.")
+    restored: bool = Field(description="It came back exactly once (always, unless the text was not protected).")
+
+
+class SentenceResult(BaseModel):
+    source: str
+    translation: str
+    finished: bool = Field(description="False when the sentence was cut at `max_new_tokens`.")
+
+
 class TranslationResult(BaseModel):
     translation: str
-    source_tokens: list[str] = Field(description="Subword pieces of the source (`▁` starts a word), eos included.")
+    source_tokens: list[str] = Field(
+        description="Subword pieces of the source (`▁` starts a word), each sentence's eos included; a "
+        "protected span shows as itself."
+    )
     target_tokens: list[str]
-    finished: bool
+    finished: bool = Field(description="Every sentence ended with its end-of-sentence token.")
+    placeholders: list[Placeholder] = Field(description="The protected spans of the text, in source order.")
+    sentences: list[SentenceResult] = Field(description="The sentences the text was split into, decoded as one batch.")
     nbest: list[Hypothesis] | None = Field(None, description="Best first; only when num_return_sequences > 1.")
     attention_id: str | None = Field(
         None, description="With return_attention: the id of the full maps (null if the store failed)."

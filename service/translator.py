@@ -8,10 +8,11 @@ refused before it queues.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from contract.constraints import SentinelVocabulary
 from contract.decoding import (
     DecodeBatch,
     DecodeRequest,
@@ -25,7 +26,9 @@ from contract.decoding import (
     step,
 )
 from contract.manifest import Entry, ManifestError
+from contract.placeholders import TooManySpans
 from contract.tokenizer import TokenizerError, load_tokenizer, normalize_text
+from contract.translation_text import LETTER_SENTINELS, Sentence, TextPlan, labels, plan_text, render
 from service.engine.resident import CacheGraphs, ResidentDecoder, ResidentEncoder
 from service.errors import InvalidField, TextTooLong
 from service.runtime import CUDA, SessionHandle
@@ -41,6 +44,18 @@ class Limits:
     max_source_tokens: int
     max_new_tokens: int
     max_beam_size: int
+
+
+@dataclass
+class Job:
+    """One text of a request: its plan (sentences, protected spans) and a decoding request per sentence,
+    decoded as rows of the same batch."""
+
+    plan: TextPlan
+    requests: list[DecodeRequest] = field(default_factory=list)
+
+    def best(self) -> list[Hypothesis]:
+        return [r.results()[0] for r in self.requests]
 
 
 class Translator:
@@ -66,6 +81,9 @@ class Translator:
         # The beam of a request that names none: the operator's setting, else the manifest's (capped).
         self.default_beam = default_beam or min(m.decoding.beam, max_beam or m.decoding.beam)
         self.default_length_penalty = m.decoding.length_penalty
+        # What stands for a protected span while a sentence is decoded: the manifest's sentinels, else the
+        # capital letters the tokenizer spells as one piece (contract/translation_text.py).
+        self.sentinels = SentinelVocabulary.build(self.tokenizer, m.decoding.sentinels or LETTER_SENTINELS)
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
         outputs = decoding_outputs(self.spec.layers)
         missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
@@ -98,7 +116,7 @@ class Translator:
     def has_attention(self) -> bool:
         return self._prefix is not None
 
-    def requests(
+    def jobs(
         self,
         texts: list[str],
         *,
@@ -107,40 +125,49 @@ class Translator:
         length_penalty: float,
         num_return_sequences: int,
         max_new_tokens: int | None,
-    ) -> list[DecodeRequest]:
-        """Check every option against the limits and tokenise and check every text, once, before the
-        queue; one decoding request each, its generation limit resolved."""
+        protect: bool = True,
+    ) -> list[Job]:
+        """Check every option against the limits, split every text into sentences and mask its protected spans
+        (``protect``), tokenise and check each sentence, once, before the queue: one job per text, with a
+        decoding request per sentence, its generation limit resolved."""
         if beam_size > limits.max_beam_size:
             raise InvalidField(f"beam_size: must be at most {limits.max_beam_size}")
         if num_return_sequences > beam_size:
             raise InvalidField(f"num_return_sequences ({num_return_sequences}) cannot exceed beam_size ({beam_size})")
-        if max_new_tokens is not None and max_new_tokens > min(limits.max_new_tokens, self.spec.max_positions):
-            raise InvalidField(
-                f"max_new_tokens {max_new_tokens} exceeds the limit of "
-                f"{min(limits.max_new_tokens, self.spec.max_positions)}"
-            )
+        most = min(limits.max_new_tokens, self.spec.max_positions)
+        if max_new_tokens is not None and max_new_tokens > most:
+            raise InvalidField(f"max_new_tokens {max_new_tokens} exceeds the limit of {most}")
+        jobs = []
         for i, text in enumerate(texts):
             if len(text) > limits.max_chars:
                 raise TextTooLong(f"texts[{i}] has {len(text)} characters; the limit is {limits.max_chars}")
             if not normalize_text(text):
                 raise InvalidField(f"texts[{i}] is empty or only whitespace")
-        sources = self.tokenizer.encode_batch(texts, add_eos=True)
-        for i, ids in enumerate(sources):
-            if len(ids) > min(limits.max_source_tokens, self.spec.max_positions):
-                raise TextTooLong(
-                    f"texts[{i}] is {len(ids)} tokens long; the limit is "
-                    f"{min(limits.max_source_tokens, self.spec.max_positions)}"
+            try:
+                plan = plan_text(text, self.tokenizer, self.sentinels if protect else None)
+            except TooManySpans as e:
+                raise InvalidField(f"texts[{i}]: {e}") from e
+            job = Job(plan)
+            for sentence in plan.sentences:
+                job.requests.append(
+                    self._request(i, sentence, limits, beam_size, length_penalty, num_return_sequences, max_new_tokens)
                 )
-        return [
-            DecodeRequest(
-                ids,
-                max_new_tokens or min(self.spec.max_length(len(ids)), limits.max_new_tokens),
-                beam=beam_size,
-                length_penalty=length_penalty,
-                num_return=num_return_sequences,
-            )
-            for ids in sources
-        ]
+            jobs.append(job)
+        return jobs
+
+    def _request(
+        self, i: int, sentence: Sentence, limits: Limits, beam: int, length_penalty: float, num_return: int, asked
+    ) -> DecodeRequest:
+        ids, most = sentence.source, min(limits.max_source_tokens, self.spec.max_positions)
+        if len(ids) > most:
+            raise TextTooLong(f"texts[{i}] has a sentence {len(ids)} tokens long; the limit is {most}")
+        spans = len(sentence.constraint.ids) if sentence.constraint is not None else 0
+        limit = asked or max(spans + 1, min(self.spec.max_length(len(ids)), limits.max_new_tokens))
+        if limit <= spans:
+            raise InvalidField(f"max_new_tokens {limit} leaves no room for the {spans} placeholders of texts[{i}]")
+        return DecodeRequest(
+            ids, limit, beam=beam, length_penalty=length_penalty, num_return=num_return, constraint=sentence.constraint
+        )
 
     def warm_up(self, max_rows: int, should_stop=lambda: False) -> None:
         """Run the graphs at growing batch sizes and cache lengths so that first requests pay no set-up."""
@@ -187,28 +214,53 @@ class Translator:
             )
         return out
 
-    def target_pieces(self, h: Hypothesis) -> tuple[list[str], list[str]]:
+    def target_pieces(self, h: Hypothesis, sentence: Sentence) -> tuple[list[str], list[str]]:
         """(the pieces each attention row generated, the pieces each row was fed: `<s>` then the tokens)."""
         spec = self.spec
-        generated = self.tokenizer.pieces(h.tokens + ([spec.eos_id] if h.finished else []))
-        return generated, self.tokenizer.pieces([spec.bos_id, *h.tokens])[: len(generated)]
+        generated = labels(self.tokenizer, h.tokens + ([spec.eos_id] if h.finished else []), sentence)
+        return generated, labels(self.tokenizer, [spec.bos_id, *h.tokens], sentence)[: len(generated)]
 
-    def hypothesis(self, h: Hypothesis, length_penalty: float) -> dict:
-        return {
-            "translation": self.tokenizer.decode(h.tokens),
-            "score": h.score,
-            "normalized_score": h.ranking(length_penalty),
-            "finished": h.finished,
-        }
-
-    def result(self, req: DecodeRequest, nbest: bool) -> dict:
-        best = req.results()
+    def result(self, job: Job, nbest: bool) -> dict:
+        """A text's answer: its sentences' best translations joined, with the spans each carried over."""
+        tok, sentences = self.tokenizer, job.plan.sentences
+        ranked = [r.results() for r in job.requests]
+        best = [hs[0] for hs in ranked]
+        rendered = [render(tok, h.tokens, s) for h, s in zip(best, sentences)]
+        restored = [ok for r in rendered for ok in r.restored]
         out = {
-            "translation": self.tokenizer.decode(best[0].tokens),
-            "source_tokens": self.tokenizer.pieces(req.source),
-            "target_tokens": self.tokenizer.pieces(best[0].tokens),
-            "finished": best[0].finished,
+            "translation": job.plan.finish(rendered),
+            "source_tokens": [p for s in sentences for p in labels(tok, s.source, s)],
+            "target_tokens": [p for h, s in zip(best, sentences) for p in labels(tok, h.tokens, s)],
+            "finished": all(h.finished for h in best),
+            "placeholders": [span | {"restored": ok} for span, ok in zip(job.plan.spans, restored)],
+            "sentences": [
+                {"source": s.text, "translation": r.text, "finished": h.finished}
+                for s, r, h in zip(sentences, rendered, best)
+            ],
         }
         if nbest:
-            out["nbest"] = [self.hypothesis(h, req.length_penalty) for h in best]
+            out["nbest"] = [self._alternative(job, ranked, n) for n in range(len(ranked[0]))]
         return out
+
+    def _alternative(self, job: Job, ranked: list[list[Hypothesis]], n: int) -> dict:
+        """The n-th best translation of a text: each sentence's n-th best (or its last, if it has fewer)."""
+        picks = [hs[min(n, len(hs) - 1)] for hs in ranked]
+        rendered = [render(self.tokenizer, h.tokens, s) for h, s in zip(picks, job.plan.sentences)]
+        score = sum(h.score for h in picks)
+        length = sum(len(h.tokens) + h.finished for h in picks)
+        return {
+            "translation": job.plan.finish(rendered),
+            "score": score,
+            "normalized_score": score / max(1, length) ** job.requests[0].length_penalty,
+            "finished": all(h.finished for h in picks),
+        }
+
+    def partial(self, job: Job, sentence: int, tokens: list[int]) -> str:
+        """The translation so far while sentence ``sentence`` has generated ``tokens`` (streaming)."""
+        done = [render(self.tokenizer, r.results()[0].tokens, s) for r, s in zip(job.requests, job.plan.sentences)]
+        now = render(self.tokenizer, tokens, job.plan.sentences[sentence])
+        plan = job.plan
+        parts = [plan.gaps[0]]
+        for i, gap in enumerate(plan.gaps[1 : sentence + 2]):
+            parts += [done[i].text if i < sentence else now.text, gap if i < sentence else ""]
+        return "".join(parts)

@@ -62,6 +62,24 @@ def translation_record(
     return AttentionRecord(TRANSLATION, model, version, maps, meta)
 
 
+def join_translation_maps(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The maps of a text's sentences as one set: each sentence's map a block on the diagonal, zero between
+    sentences (a sentence's tokens attend only its own), so views and heatmaps read them as any translation's."""
+    if len(parts) == 1:
+        return parts[0]
+    joined = {}
+    for name in parts[0]:
+        blocks = [p[name] for p in parts]
+        rows, cols = sum(b.shape[-2] for b in blocks), sum(b.shape[-1] for b in blocks)
+        out = np.zeros((*blocks[0].shape[:-2], rows, cols), dtype=blocks[0].dtype)
+        r = c = 0
+        for b in blocks:
+            out[..., r : r + b.shape[-2], c : c + b.shape[-1]] = b
+            r, c = r + b.shape[-2], c + b.shape[-1]
+        joined[name] = out
+    return joined
+
+
 def translation_summary(cross_attention: np.ndarray, source_tokens: list[str], target_tokens: list[str]) -> dict:
     layers = cross_attention.shape[0]
     return {

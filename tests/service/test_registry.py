@@ -237,7 +237,7 @@ def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_rec
         async with loaded(SHIPPED) as registry:
             served = registry.get(None, TRANSLATE)
             translator = served.translator
-            requests = translator.requests(
+            (job,) = translator.jobs(
                 [example["source"]],
                 limits=Limits(2000, 256, 256, 1),
                 beam_size=1,
@@ -245,9 +245,9 @@ def test_the_served_translator_decodes_through_its_scheduler_as_its_manifest_rec
                 num_return_sequences=1,
                 max_new_tokens=None,
             )
-            (ticket,) = served.scheduler.submit(requests)
-            done = await asyncio.wait_for(ticket.future, 60)
-            return served.name, translator.result(done, nbest=False), metric_samples(registry.metrics)
+            (ticket,) = served.scheduler.submit(job.requests)
+            await asyncio.wait_for(ticket.future, 60)
+            return served.name, translator.result(job, nbest=False), metric_samples(registry.metrics)
 
     name, result, samples = run(body())
     assert name == "translator"
@@ -658,7 +658,7 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
         threads_after = [t.name for t in threading.enumerate() if t.name.startswith("ort-vit/1")]
         with pytest.raises(ShuttingDown) as batcher_refused:
             vit.batcher.submit(vit.classifier.preprocessing.stack([pixels[0]]))
-        requests = translator.translator.requests(
+        (job,) = translator.translator.jobs(
             ["Hello."],
             limits=Limits(100, 32, 32, 1),
             beam_size=1,
@@ -667,7 +667,7 @@ def test_close_stops_the_batcher_and_the_scheduler_and_takes_the_ready_gauge_dow
             max_new_tokens=None,
         )
         with pytest.raises(ShuttingDown) as scheduler_refused:
-            translator.scheduler.submit(requests)
+            translator.scheduler.submit(job.requests)
         return (
             gauges_before,
             gauges_after,

@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Scope
 
-from contract.decoding import DecodeRequest
-from service.attention.capture import store_records, translation_record, translation_summary
+from contract.translation_text import labels
+from service.attention.capture import join_translation_maps, store_records, translation_record, translation_summary
 from service.engine.scheduler import Scheduler, Ticket
 from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType, error_body
 from service.http.common import JSON_TYPE, Caller, KeyedStore, attention_store, http_caller, parse_json_body
@@ -30,7 +30,7 @@ from service.http.serving import Serving
 from service.registry import ServedModel
 from service.schemas import TranslateRequest, TranslateResponse
 from service.settings import Settings
-from service.translator import TASK, Limits, Translator
+from service.translator import TASK, Job, Limits, Translator
 
 
 async def translate(request: Request, serving: Serving) -> Response:
@@ -39,11 +39,11 @@ async def translate(request: Request, serving: Serving) -> Response:
     body = await _read_body(request, serving.settings)
     served = serving.registry.get(body.model, TASK)
     if body.stream:
-        translator, scheduler, requests = decode_requests(served, serving.settings, body)
-        (ticket,) = scheduler.submit(requests, stream=True, deadline=deadline)
+        translator, scheduler, (job,) = decode_jobs(served, serving.settings, body)
+        tickets = scheduler.submit(job.requests, stream=True, deadline=deadline)
         store = attention_store(request, serving.attention) if body.return_attention else None
         return StreamingResponse(
-            _events(ticket, translator, body.num_return_sequences > 1, store, request.scope),
+            _events(job, tickets, translator, body.num_return_sequences > 1, store, request.scope),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -51,18 +51,20 @@ async def translate(request: Request, serving: Serving) -> Response:
     return Response(json.dumps(result, ensure_ascii=False).encode(), media_type=JSON_TYPE)
 
 
-def decode_requests(
+def decode_jobs(
     served: ServedModel, settings: Settings, body: TranslateRequest
-) -> tuple[Translator, Scheduler, list[DecodeRequest]]:
-    """The model's translator and scheduler, and one decoding request per text, every option checked."""
+) -> tuple[Translator, Scheduler, list[Job]]:
+    """The model's translator and scheduler, and one job per text (a decoding request per sentence), every
+    option checked."""
     translator, scheduler = served.translator, served.scheduler
     if translator is None or scheduler is None:  # READY translation models always have both
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
     if body.return_attention and not translator.has_attention:
         raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
     default_beam = 1 if body.stream else translator.default_beam  # a stream's tokens come from greedy decoding
-    requests = translator.requests(
+    jobs = translator.jobs(
         body.all_texts,
+        protect=body.protect_placeholders,
         beam_size=default_beam if body.beam_size is None else body.beam_size,
         length_penalty=translator.default_length_penalty if body.length_penalty is None else body.length_penalty,
         num_return_sequences=body.num_return_sequences,
@@ -71,15 +73,15 @@ def decode_requests(
             settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
         ),
     )
-    return translator, scheduler, requests
+    return translator, scheduler, jobs
 
 
 async def translate_texts(
     caller: Caller, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
 ) -> dict:
     """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed request."""
-    translator, scheduler, requests = decode_requests(served, serving.settings, body)
-    tickets = scheduler.submit(requests, deadline=deadline)
+    translator, scheduler, jobs = decode_jobs(served, serving.settings, body)
+    tickets = scheduler.submit([r for job in jobs for r in job.requests], deadline=deadline)
 
     def abandon() -> None:
         for t in tickets:
@@ -87,7 +89,7 @@ async def translate_texts(
 
     await caller.wait(asyncio.gather(*(t.future for t in tickets)), abandon)
     store = caller.store(serving.attention) if body.return_attention else None
-    return await answer(translator, tickets, body.num_return_sequences > 1, store)
+    return await answer(translator, jobs, body.num_return_sequences > 1, store)
 
 
 async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
@@ -103,22 +105,29 @@ async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
     return body
 
 
-async def answer(translator: Translator, tickets: list[Ticket], nbest: bool, store: KeyedStore | None) -> dict:
-    results = [translator.result(t.request, nbest) for t in tickets]
+async def answer(translator: Translator, jobs: list[Job], nbest: bool, store: KeyedStore | None) -> dict:
+    results = [translator.result(job, nbest) for job in jobs]
     if store is not None:
-        await _attach_attention(results, [t.request for t in tickets], translator, store)
+        await _attach_attention(results, jobs, translator, store)
     return {"model": translator.name, "version": translator.version, "results": results}
 
 
-async def _attach_attention(
-    results: list[dict], requests: list[DecodeRequest], translator: Translator, store: KeyedStore
-) -> None:
-    """The returned hypotheses' attention, computed now (off the event loop), summarised and stored."""
+async def _attach_attention(results: list[dict], jobs: list[Job], translator: Translator, store: KeyedStore) -> None:
+    """The returned hypotheses' attention, computed now (off the event loop), summarised and stored: one record
+    per text, its sentences' maps as the blocks of one map (``join_translation_maps``)."""
+    requests = [r for job in jobs for r in job.requests]
     best = [r.results()[0] for r in requests]
-    maps = await asyncio.to_thread(translator.attention, [r.source for r in requests], best)
+    maps = iter(await asyncio.to_thread(translator.attention, [r.source for r in requests], best))
+    hypotheses = iter(best)
     records = []
-    for result, req, h, m in zip(results, requests, best, maps):
-        generated, fed = translator.target_pieces(h)
+    for result, job in zip(results, jobs):
+        parts, generated, fed = [], [], []
+        for sentence in job.plan.sentences:
+            parts.append(next(maps))
+            made, given = translator.target_pieces(next(hypotheses), sentence)
+            generated += made
+            fed += given
+        m = join_translation_maps(parts)
         source = result["source_tokens"]
         result["attention"] = translation_summary(m["cross_attention"], source, generated)
         records.append(
@@ -132,31 +141,38 @@ def _sse(event: str, data: dict) -> bytes:
 
 
 async def _events(
-    ticket: Ticket, translator: Translator, nbest: bool, store: KeyedStore | None, scope: Scope
+    job: Job, tickets: list[Ticket], translator: Translator, nbest: bool, store: KeyedStore | None, scope: Scope
 ) -> AsyncIterator[bytes]:
-    """Token events as the scheduler produces them, then the final result; cancels on disconnect."""
+    """Token events as the scheduler produces them, sentence after sentence, then the final result; cancels on
+    disconnect. A token event's ``text`` is the translation so far, its protected spans in place."""
     tok = translator.tokenizer
+    offset = 0  # tokens of the sentences streamed before
     try:
-        while True:
-            item = await ticket.events.get()
-            if item is None:
-                break
-            if isinstance(item, Exception):
-                if isinstance(item, DeadlineExceeded):
-                    count_exceeded(scope)
-                error = item if isinstance(item, ServiceError) else None
-                yield (
-                    b"event: error\ndata: "
-                    + error_body(
-                        error.code if error else "internal_error", error.message if error else "decoding failed"
+        for n, ticket in enumerate(tickets):
+            while True:
+                item = await ticket.events.get()
+                if item is None:
+                    break
+                if isinstance(item, Exception):
+                    if isinstance(item, DeadlineExceeded):
+                        count_exceeded(scope)
+                    error = item if isinstance(item, ServiceError) else None
+                    yield (
+                        b"event: error\ndata: "
+                        + error_body(
+                            error.code if error else "internal_error", error.message if error else "decoding failed"
+                        )
+                        + b"\n\n"
                     )
-                    + b"\n\n"
-                )
-                return
-            yield _sse("token", {"index": len(item) - 1, "token": tok.pieces(item[-1:])[0], "text": tok.decode(item)})
-        yield _sse("done", await answer(translator, [ticket], nbest, store))
+                    return
+                piece = labels(tok, item[-1:], job.plan.sentences[n])[0]
+                text = translator.partial(job, n, item)
+                yield _sse("token", {"index": offset + len(item) - 1, "token": piece, "text": text})
+            offset += ticket.streamed
+        yield _sse("done", await answer(translator, [job], nbest, store))
     finally:  # the client went away (the generator was closed) or the stream ended: either way, stop decoding
-        ticket.cancel()
+        for ticket in tickets:
+            ticket.cancel()
 
 
 def _event(name: str, data: dict, description: str) -> dict:
