@@ -648,10 +648,19 @@ def run_to_end(encoder: Graph, decoder: Graph, requests: list[DecodeRequest], sp
 
 
 def greedy(
-    encoder: Graph, decoder: Graph, sources: Sequence[Sequence[int]], spec: DecoderSpec, record: bool = False
+    encoder: Graph,
+    decoder: Graph,
+    sources: Sequence[Sequence[int]],
+    spec: DecoderSpec,
+    record: bool = False,
+    constraints: Sequence[Constraint | None] | None = None,
 ) -> list[Hypothesis]:
-    """Greedy decoding of tokenised sources (each ending with eos), one hypothesis each."""
-    reqs = [DecodeRequest(list(s), spec.max_length(len(s)), record=record) for s in sources]
+    """Greedy decoding of tokenised sources (each ending with eos), one hypothesis each; ``constraints``: each
+    source's (``contract/constraints.py``), or None."""
+    bound = constraints or [None] * len(sources)
+    reqs = [
+        DecodeRequest(list(s), spec.max_length(len(s)), record=record, constraint=c) for s, c in zip(sources, bound)
+    ]
     return [r.results()[0] for r in run_to_end(encoder, decoder, reqs, spec)]
 
 
@@ -662,10 +671,15 @@ def beam_search(
     spec: DecoderSpec,
     beam: int = 4,
     length_penalty: float = 1.0,
+    constraints: Sequence[Constraint | None] | None = None,
 ) -> list[Hypothesis]:
     """Beam search; hypotheses are ranked by score / length**length_penalty, the search of a sentence
     stops when it holds ``beam`` finished hypotheses or reaches its length limit."""
     if beam < 1:
         raise ValueError("beam must be >= 1")
-    reqs = [DecodeRequest(list(s), spec.max_length(len(s)), beam=beam, length_penalty=length_penalty) for s in sources]
+    bound = constraints or [None] * len(sources)
+    reqs = [
+        DecodeRequest(list(s), spec.max_length(len(s)), beam=beam, length_penalty=length_penalty, constraint=c)
+        for s, c in zip(sources, bound)
+    ]
     return [r.results()[0] for r in run_to_end(encoder, decoder, reqs, spec)]

@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from contract.constraints import SentinelVocabulary
 from contract.decoding import (
     DecodeBatch,
     DecodeRequest,
@@ -27,6 +28,7 @@ from contract.decoding import (
 )
 from contract.manifest import load_entry
 from contract.tokenizer import load_tokenizer
+from contract.translation_text import LETTER_SENTINELS, plan_text
 from service.engine.resident import CacheGraphs, DeviceBatch, ResidentDecoder, ResidentEncoder
 from service.runtime import create_session
 from service.settings import Settings
@@ -34,11 +36,13 @@ from service.translator import Translator
 from tests.conftest import ROOT, SHIPPED_TRANSLATOR
 
 SENTENCES = [t for t in (ROOT / "benchmarks" / "translate_sentences.txt").read_text().splitlines() if t.strip()]
+PLACEHOLDERS = (ROOT / "benchmarks" / "placeholder_sentences.txt").read_text().splitlines()
 
 
-@pytest.fixture(scope="module")
-def paths():
-    """(spec, sources of 16 real sentences, host graphs, device graphs), over the same two sessions."""
+@pytest.fixture(scope="module", params=["free", "constrained"])
+def paths(request):
+    """(spec, sources of 16 real sentences, host graphs, device graphs, each source's constraint), over the same
+    two sessions: sentences without placeholders, or software strings whose placeholders bind the search."""
     entry = load_entry(SHIPPED_TRANSLATOR)
     spec = DecoderSpec.from_manifest(entry.manifest)
     opts = ort.SessionOptions()
@@ -51,8 +55,13 @@ def paths():
     graphs = CacheGraphs(enc, dec, spec.layers)
     host = (session_fn(enc, outputs["encoder"]), session_fn(dec, outputs["decoder"]))
     device = (ResidentEncoder(enc, list(outputs["encoder"]), graphs), ResidentDecoder(dec, list(outputs["decoder"])))
-    sources = load_tokenizer(SHIPPED_TRANSLATOR, entry.manifest.tokenizer).encode_batch(SENTENCES[:16], add_eos=True)
-    return spec, sources, host, device
+    tokenizer = load_tokenizer(SHIPPED_TRANSLATOR, entry.manifest.tokenizer)
+    if request.param == "free":
+        return spec, tokenizer.encode_batch(SENTENCES[:16], add_eos=True), host, device, [None] * 16
+    vocabulary = SentinelVocabulary.build(tokenizer, LETTER_SENTINELS)
+    sentences = [plan_text(t, tokenizer, vocabulary).sentences[0] for t in PLACEHOLDERS[:16]]
+    assert all(s.constraint is not None for s in sentences)
+    return spec, [s.source for s in sentences], host, device, [s.constraint for s in sentences]
 
 
 def same(a, b) -> None:
@@ -61,14 +70,18 @@ def same(a, b) -> None:
 
 
 def test_greedy_and_beam_search_decode_alike(paths):
-    spec, sources, host, device = paths
-    same(greedy(*device, sources, spec), greedy(*host, sources, spec))
-    same(beam_search(*device, sources, spec, beam=4), beam_search(*host, sources, spec, beam=4))
+    spec, sources, host, device, bound = paths
+    same(greedy(*device, sources, spec, constraints=bound), greedy(*host, sources, spec, constraints=bound))
+    same(
+        beam_search(*device, sources, spec, beam=4, constraints=bound),
+        beam_search(*host, sources, spec, beam=4, constraints=bound),
+    )
 
 
 def test_recorded_log_probs_are_the_same(paths):
-    spec, sources, host, device = paths
-    on_device, on_host = greedy(*device, sources[:4], spec, record=True), greedy(*host, sources[:4], spec, record=True)
+    spec, sources, host, device, bound = paths
+    on_device = greedy(*device, sources[:4], spec, record=True, constraints=bound[:4])
+    on_host = greedy(*host, sources[:4], spec, record=True, constraints=bound[:4])
     same(on_device, on_host)
     for d, h in zip(on_device, on_host):
         assert len(d.step_log_probs) == len(h.tokens) + h.finished
@@ -76,7 +89,7 @@ def test_recorded_log_probs_are_the_same(paths):
             np.testing.assert_array_equal(x, y)
 
 
-def schedule(encoder, decoder, spec, sources) -> tuple[list[DecodeRequest], list[tuple]]:
+def schedule(encoder, decoder, spec, sources, bound) -> tuple[list[DecodeRequest], list[tuple]]:
     """Continuous batching as the scheduler does it: requests join mid-decode (greedy, beams with n-best),
     one is cancelled, short ones leave; returns the requests and the batch's geometry after every step."""
     first = [
@@ -90,6 +103,8 @@ def schedule(encoder, decoder, spec, sources) -> tuple[list[DecodeRequest], list
         DecodeRequest(sources[5], 40, beam=2),
     ]
     latest = [DecodeRequest(s, 30, beam=b) for s, b in zip(sources[6:12], (1, 4, 1, 2, 1, 4))]
+    for r, c in zip(first + late + latest, bound):
+        r.constraint = c
     batch, seen, n = DecodeBatch.start(first, encoder, spec), [], 0
     while len(batch):
         _, batch = step(batch, decoder, spec)
@@ -106,9 +121,9 @@ def schedule(encoder, decoder, spec, sources) -> tuple[list[DecodeRequest], list
 
 
 def test_joins_leaves_and_cancellations_mid_decode_give_what_the_numpy_path_gives(paths):
-    spec, sources, host, device = paths
-    on_device, device_steps = schedule(*device, spec, sources)
-    on_host, host_steps = schedule(*host, spec, sources)
+    spec, sources, host, device, bound = paths
+    on_device, device_steps = schedule(*device, spec, sources, bound)
+    on_host, host_steps = schedule(*host, spec, sources, bound)
     assert device_steps == host_steps  # the same rows, widths, capacities and masks at every step
     assert any(capacity > 16 for _, _, capacity, _, _ in host_steps)  # the caches grew on the way
     for d, h in zip(on_device, on_host):
@@ -118,7 +133,7 @@ def test_joins_leaves_and_cancellations_mid_decode_give_what_the_numpy_path_give
 
 
 def test_a_device_batch_steps_only_on_its_resident_decoder(paths):
-    spec, sources, host, device = paths
+    spec, sources, host, device, _ = paths
     batch = DecodeBatch.start([DecodeRequest(sources[0], 4)], device[0], spec)
     assert isinstance(batch, DeviceBatch)
     with pytest.raises(TypeError):
@@ -129,12 +144,18 @@ def test_a_device_batch_steps_only_on_its_resident_decoder(paths):
 
 def test_batches_of_two_threads_share_the_cache_graphs(paths):
     """The scheduler's worker and a warm-up may decode at once, on the same model's graphs."""
-    spec, sources, host, device = paths
-    expected = [beam_search(*host, sources[:8], spec, beam=2), greedy(*host, sources[8:], spec)]
+    spec, sources, host, device, bound = paths
+    expected = [
+        beam_search(*host, sources[:8], spec, beam=2, constraints=bound[:8]),
+        greedy(*host, sources[8:], spec, constraints=bound[8:]),
+    ]
     got: list = [None, None]
 
     def decode(i: int) -> None:
-        got[i] = beam_search(*device, sources[:8], spec, beam=2) if i == 0 else greedy(*device, sources[8:], spec)
+        if i == 0:
+            got[i] = beam_search(*device, sources[:8], spec, beam=2, constraints=bound[:8])
+        else:
+            got[i] = greedy(*device, sources[8:], spec, constraints=bound[8:])
 
     threads = [threading.Thread(target=decode, args=(i,)) for i in range(2)]
     for t in threads:
