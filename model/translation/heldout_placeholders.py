@@ -51,6 +51,7 @@ from model.translation.heldout import (
     training_keys,
     write_set,
 )
+from model.translation.masking import span_texts
 from model.translation.split import link_keys
 from model.translation.textio import TextFileError, read_tsv
 
@@ -69,11 +70,6 @@ def first_form_pairs(entries: list[tuple[str, str]]) -> list[Pair]:
         if english and german:
             pairs.append((english, german))
     return pairs
-
-
-def span_texts(text: str) -> Counter:
-    """The protected spans of ``text`` as a multiset of their texts."""
-    return Counter(s.text for s in find_spans(text))
 
 
 def comparable_forms(english: str) -> tuple[str, ...]:
