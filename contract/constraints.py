@@ -40,7 +40,7 @@ class SentinelVocabulary:
 
     @classmethod
     def build(cls, tokenizer, candidates: Sequence[str]) -> SentinelVocabulary:
-        """The candidates that the tokenizer spells as one piece (with or without ``▁``), and the guarded pieces.
+        """The candidates that the tokenizer has a piece for (with or without ``▁``), and the guarded pieces.
 
         ``tokenizer``: :class:`contract.tokenizer.Tokenizer` or ``SentencePiecePair`` (``pieces``, ``piece_to_id``,
         ``vocab_size``, ``encode``)."""
@@ -48,7 +48,7 @@ class SentinelVocabulary:
         for s in candidates:
             spelt = {tokenizer.piece_to_id(p) for p in (s, "\u2581" + s)} - {tokenizer.unk_id}
             spelt = {i for i in spelt if tokenizer.pieces([i])[0].lstrip("\u2581") == s}
-            if spelt and len(tokenizer.encode(s)) == 1:
+            if spelt:
                 sentinels.append(s)
                 ids.append(tuple(sorted(spelt)))
         control = set(tokenizer.special.as_dict().values())  # </s> is no tag

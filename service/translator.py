@@ -83,7 +83,8 @@ class Translator:
         self.default_length_penalty = m.decoding.length_penalty
         # What stands for a protected span while a sentence is decoded: the manifest's sentinels, else the
         # capital letters the tokenizer spells as one piece (contract/translation_text.py).
-        self.sentinels = SentinelVocabulary.build(self.tokenizer, m.decoding.sentinels or LETTER_SENTINELS)
+        vocabulary = SentinelVocabulary.build(self.tokenizer, m.decoding.sentinels or LETTER_SENTINELS)
+        self.sentinels = vocabulary if vocabulary.sentinels else None  # None: this model cannot protect spans
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
         outputs = decoding_outputs(self.spec.layers)
         missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
@@ -144,7 +145,7 @@ class Translator:
             if not normalize_text(text):
                 raise InvalidField(f"texts[{i}] is empty or only whitespace")
             try:
-                plan = plan_text(text, self.tokenizer, self.sentinels if protect else None)
+                plan = plan_text(text, self.tokenizer, self.sentinels if protect and self.sentinels else None)
             except TooManySpans as e:
                 raise InvalidField(f"texts[{i}]: {e}") from e
             job = Job(plan)

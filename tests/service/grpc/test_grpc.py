@@ -16,6 +16,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from contract.placeholders import find_spans
 from tests.conftest import ROOT
 from tests.service.service_testing import free_port, metric_value, serving
 
@@ -110,6 +111,17 @@ def test_translation_nbest_and_attention_ids(server, client):
     assert nbest == [[h["translation"] for h in r["nbest"]] for r in native.json()["results"]]
     ids = [v.decode() for v in result.as_numpy("attention_id")]
     assert len(ids) == 2 and all(httpx.get(f"{server.url}/attention/{i}").status_code == 200 for i in ids)
+
+
+def test_placeholders_come_back_over_grpc_as_over_the_native_route(server, client):
+    texts = ["Deleted %d files in %s.", "Hello, {name}! You have {count} new messages."]
+    result = client.infer("translator", [texts_input(texts)], parameters={"beam_size": 4})
+    native = httpx.post(server.url + "/translate", json={"texts": texts, "beam_size": 4}).json()["results"]
+    answered = [v.decode() for v in result.as_numpy("translation")]
+    assert answered == [r["translation"] for r in native]
+    assert all(
+        sorted(s.text for s in find_spans(a)) == sorted(s.text for s in find_spans(t)) for a, t in zip(answered, texts)
+    )
 
 
 def test_stream_infer_answers_each_request_and_an_error_does_not_end_the_stream(client):

@@ -16,6 +16,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from contract.manifest import load_entry
+from contract.placeholders import find_spans
 from tests.conftest import ROOT
 from tests.service.service_testing import metric_value, serving
 
@@ -119,6 +120,17 @@ def test_translation_matches_the_native_route_with_decoding_parameters(server, c
     greedy = client.infer("translator", [texts]).as_numpy("translation")
     native = httpx.post(server.url + "/translate", json={"texts": TEXTS}).json()["results"]
     assert [text(v) for v in greedy] == [r["translation"] for r in native]
+
+
+def test_placeholders_come_back_over_oip_rest(server, client):
+    strings = ["Could not open file %s.", "Press <b>Enter</b> to continue."]
+    texts = triton.InferInput("text", [2], "BYTES")
+    texts.set_data_from_numpy(np.array(strings, dtype=object))
+    answered = [text(v) for v in client.infer("translator", [texts]).as_numpy("translation")]
+    assert all(
+        sorted(s.text for s in find_spans(a)) == sorted(s.text for s in find_spans(t))
+        for a, t in zip(answered, strings)
+    )
 
 
 def test_return_attention_adds_ids_the_attention_route_serves(server, client, pngs):
