@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from contract.constraints import Constraint, SentinelVocabulary
+from contract.decoding import DecodeRequest, run_to_end
 from contract.placeholders import Accelerator, Masked, mask, place_accelerator, restore, strip_accelerator
 from contract.sentences import segments
 
@@ -135,3 +136,19 @@ def labels(tokenizer, tokens: Sequence[int], sentence: Sentence) -> list[str]:
         else p
         for t, p in zip(tokens, pieces)
     ]
+
+
+def translate_texts(
+    encoder, decoder, tokenizer, spec, texts: Sequence[str], beam: int, sentinels: Sequence[str] = (), chunk: int = 32
+) -> list[str]:
+    """Offline, the service's way: each text planned (:func:`plan_text`), its sentences decoded with their
+    constraints in batches of ``chunk`` sentences, rendered and joined (evaluation and benchmarks)."""
+    vocabulary = SentinelVocabulary.build(tokenizer, tuple(sentinels) or LETTER_SENTINELS)
+    plans = [plan_text(t, tokenizer, vocabulary if vocabulary.sentinels else None) for t in texts]
+    sentences = [s for p in plans for s in p.sentences]
+    limits = [max(spec.max_length(len(s.source)), 1 + len(s.masked.spans if s.masked else ())) for s in sentences]
+    requests = [DecodeRequest(s.source, n, beam=beam, constraint=s.constraint) for s, n in zip(sentences, limits)]
+    for start in range(0, len(requests), chunk):
+        run_to_end(encoder, decoder, requests[start : start + chunk], spec)
+    rendered = iter(render(tokenizer, r.results()[0].tokens, s) for r, s in zip(requests, sentences))
+    return [p.finish([next(rendered) for _ in p.sentences]) for p in plans]
