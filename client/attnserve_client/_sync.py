@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from attnserve_client import _calls
+from attnserve_client import _calls, po
 from attnserve_client._base import BaseClient, Call
 from attnserve_client._calls import RolloutFusion
 from attnserve_client._images import ImageInput
 from attnserve_client._streaming import TranslationStream
+from attnserve_client.errors import PayloadTooLargeError
 from attnserve_client.types import Attention, ClassifyResponse, Health, ModelInfo, Readiness, TranslateResponse
 
 T = TypeVar("T")
@@ -128,6 +130,30 @@ class Client(BaseClient):
             )
         )
 
+    def translate_po(
+        self,
+        catalog: str | os.PathLike[str],
+        *,
+        output: str | os.PathLike[str] | None = None,
+        language: str = "de",
+        batch_size: int = po.DEFAULT_BATCH_SIZE,
+        beam_size: int | None = None,
+        model: str | None = None,
+    ) -> po.TranslatedCatalog:
+        """Fill the untranslated entries of a gettext catalog (a ``.po``/``.pot`` path, or PO text) with
+        translations flagged ``fuzzy``; ``output`` also writes the result there. ``batch_size`` texts go in
+        each request (at most the service's ``ATTNSERVE_MAX_TEXTS_PER_REQUEST``); ``language`` names the
+        target in a template's header. The rules: ``attnserve_client.po``.
+        """
+        parsed = po.load(catalog, language=language)
+        translations: dict[str, str] = {}
+        for batch in po.batches(po.sources(parsed), batch_size):
+            translations.update(zip(batch, self._translate_texts(batch, beam_size=beam_size, model=model)))
+        result = po.TranslatedCatalog(parsed, po.fill(parsed, translations))
+        if output is not None:
+            parsed.save(os.fspath(output))
+        return result
+
     def attention(
         self,
         attention_id: str,
@@ -179,6 +205,15 @@ class Client(BaseClient):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _translate_texts(self, texts: list[str], **options: Any) -> list[str]:
+        """One translation per text; a text the service refuses as too long gets "" (the others are sent alone)."""
+        try:
+            return [r.translation for r in self.translate(texts, **options).results]
+        except PayloadTooLargeError:
+            if len(texts) == 1:
+                return [""]
+            return [self._translate_texts([text], **options)[0] for text in texts]
 
     def _call(self, call: Call[T]) -> T:
         return call.parse(self._send(call))

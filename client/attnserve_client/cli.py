@@ -3,6 +3,7 @@
     attnserve-client classify shoe.png --top-k 3
     attnserve-client translate "Open the file." --stream
     attnserve-client translate - < sentences.txt --json
+    attnserve-client po translate messages.pot -o de.po
     attnserve-client models
 
 Exit status: 0 on success, 1 when the service answered an error or could not be reached (the
@@ -12,6 +13,8 @@ message, with the request id, goes to stderr), 2 for a usage mistake; ``ready`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +24,7 @@ from pydantic import BaseModel
 from attnserve_client._sync import Client
 from attnserve_client._version import __version__
 from attnserve_client.errors import AttnserveError
+from attnserve_client.po import DEFAULT_BATCH_SIZE
 from attnserve_client.types import ClassifyResponse, TokenEvent, TranslateResponse
 
 
@@ -73,8 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     _common_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, run: Callable[[Client, argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[common], help=help, description=help)
+    def command(
+        name: str,
+        run: Callable[[Client, argparse.Namespace], int],
+        help: str,
+        under: argparse._SubParsersAction = commands,
+    ) -> argparse.ArgumentParser:
+        sub = under.add_parser(name, parents=[common], help=help, description=help)
         sub.set_defaults(run=run)
         return sub
 
@@ -92,6 +101,30 @@ def _parser() -> argparse.ArgumentParser:
     translate.add_argument("--num-return-sequences", type=int, help="n-best list size (at most the beam size)")
     translate.add_argument("--model")
     translate.add_argument("--stream", action="store_true", help="print tokens as they are generated (one text)")
+
+    po = commands.add_parser("po", help="gettext catalogs (.po, .pot)", description="gettext catalogs (.po, .pot)")
+    po_commands = po.add_subparsers(dest="po_command", required=True, metavar="COMMAND")
+    po_translate = command(
+        "translate",
+        _po_translate,
+        "fill a catalog's untranslated entries with machine translations flagged fuzzy",
+        under=po_commands,
+    )
+    po_translate.add_argument("catalog", type=Path, metavar="IN.po", help="the catalog or template (.po, .pot)")
+    po_translate.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="OUT.po", help="where to write the result (may be IN.po)"
+    )
+    po_translate.add_argument("--beam-size", type=int, help="1: greedy (default: the model's)")
+    po_translate.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help="texts per request, at most the service's ATTNSERVE_MAX_TEXTS_PER_REQUEST (default: %(default)s)",
+    )
+    po_translate.add_argument(
+        "--language", default="de", help="the target language, written into a template's header (default: %(default)s)"
+    )
+    po_translate.add_argument("--model")
 
     attention = command("attention", _attention, "attention maps stored for an earlier request")
     attention.add_argument("id", help="attention_id of a result (classify/translate with return_attention)")
@@ -161,6 +194,22 @@ def _print_translations(response: TranslateResponse) -> None:
         print(result.translation)
         for h in result.nbest or []:
             print(f"  {h.normalized_score:8.4f}  {h.translation}")
+
+
+def _po_translate(client: Client, args: argparse.Namespace) -> int:
+    summary = client.translate_po(
+        args.catalog,
+        output=args.output,
+        language=args.language,
+        batch_size=args.batch_size,
+        beam_size=args.beam_size,
+        model=args.model,
+    ).summary
+    if args.json:
+        print(json.dumps({"output": str(args.output), **dataclasses.asdict(summary)}, indent=2))
+    else:
+        print(f"{args.output}: {summary}")
+    return 0
 
 
 def _attention(client: Client, args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The SDK installs alone, from PyPI, into a fresh virtual environment: httpx and pydantic, nothing else.
+"""The SDK installs alone, from PyPI, into a fresh virtual environment: httpx, pydantic and polib, nothing else.
 
 Users install the client on machines that will never run a model: it must not pull in onnxruntime,
 torch or numpy, and must work there (a real call to the service through the installed command).
