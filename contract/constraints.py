@@ -123,22 +123,22 @@ class Constraint:
         return self._masks[key]
 
 
-def apply(log_probs: np.ndarray, rows: Sequence[tuple[Constraint, int, bool]]) -> np.ndarray:
-    """Set what each row may not emit to ``-inf``, in place: ``rows[r]`` = (its constraint, its hypothesis's
-    placed set, whether it must place a sentinel now). Returns ``log_probs``."""
-    bans, counts, forced = [], [], []
-    for r, (constraint, state, must) in enumerate(rows):
-        ids = constraint.disallowed(state, must)
+Limit = tuple[list[int], "Constraint", int, bool]  # rows, their constraint, their placed set, must place now
+
+
+def apply(log_probs: np.ndarray, limits: Sequence[Limit]) -> None:
+    """Set what each row may not emit to ``-inf`` in ``log_probs``, in place. A limit covers the rows of one
+    request whose hypotheses have placed the same spans: (those rows, the request's constraint, the placed
+    set, whether they must place a sentinel now)."""
+    flat, width = [], log_probs.shape[1]
+    for where, constraint, state, must in limits:
+        banned = constraint.disallowed(state, must)
         if must:
-            forced.append((r, ids))
-            continue
-        bans.append(ids)
-        counts.append(len(ids))
-    free = [r for r, (_, _, must) in enumerate(rows) if not must]
-    if bans:
-        log_probs[np.repeat(np.array(free), counts), np.concatenate(bans)] = -np.inf
-    for r, allowed in forced:
-        keep = log_probs[r, allowed].copy()
-        log_probs[r] = -np.inf
-        log_probs[r, allowed] = keep
-    return log_probs
+            for row in where:
+                keep = log_probs[row, banned].copy()  # here: the sentinels that may come next
+                log_probs[row] = -np.inf
+                log_probs[row, banned] = keep
+        else:
+            flat.append(banned + where[0] * width if len(where) == 1 else np.add.outer(np.array(where) * width, banned))
+    if flat:
+        log_probs.put(np.concatenate([f.ravel() for f in flat]), -np.inf)  # flat indices, in place

@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from contract.batch_rows import GROW, Rows, joined_capacity, spare_rows, trim_points
-from contract.constraints import Constraint, apply
+from contract.constraints import Constraint, Limit, apply
 from contract.manifest import Manifest, ManifestError
 from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -462,6 +462,10 @@ class StepScores(Protocol):
         """The rows' whole log-prob vectors (len(rows), V), for the requests that record them."""
         ...
 
+    def constrain(self, limits: list[Limit]) -> None:
+        """Before the search reads them: what each limited row may not emit is ``-inf`` (``constraints.apply``)."""
+        ...
+
 
 class LogProbs:
     """A step's log-probs in host memory, searched in place."""
@@ -483,33 +487,51 @@ class LogProbs:
     def full(self, rows: np.ndarray) -> np.ndarray:
         return self._rows(rows)
 
+    def constrain(self, limits: list[Limit]) -> None:
+        apply(self.log_probs, limits)  # in place: the step's log-probs are spent after its search
+
 
 def candidates_needed(requests: Sequence[DecodeRequest], vocabulary: int) -> int:
     """How many best tokens per row this step's search reads: 1 for greedy rows, 2 beam for a beam's."""
     return min(vocabulary, max(2 * r.beam if r.beam > 1 or r.record else 1 for r in requests))
 
 
+def _limits(requests: list[DecodeRequest], bound: list[int], offsets: np.ndarray) -> list[Limit]:
+    """The limits of the requests with a constraint: per request, its rows grouped by the spans they placed
+    (beams mostly agree), and whether they must place a sentinel now (no more tokens left than missing)."""
+    limits: list[Limit] = []
+    for i in bound:
+        req, first = requests[i], int(offsets[i])
+        left = req.max_new_tokens - req.steps  # tokens each hypothesis may still emit, this one included
+        states: dict[int, list[int]] = {}
+        for r, h in enumerate(req.live):
+            states.setdefault(h.placed, []).append(first + r)
+        for state, rows in states.items():
+            missing = req.constraint.missing(state)
+            limits.append((rows, req.constraint, state, 0 < missing >= left))
+    return limits
+
+
 def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list[list[tuple[int, int]]]:
     """Every request's survivors after this step (``[]``: it finished or was cancelled).
 
     Greedy requests take their row's best token; searching ones (beam > 1, or recording) are selected
-    together, one :func:`_select` per beam width, on each row's best ``2 beam`` candidates.
+    together, one :func:`_select` per beam width, on each row's best ``2 beam`` candidates. The rows of a
+    request with a constraint are constrained first (``contract/constraints.py``), then searched alike.
     """
     offsets = np.cumsum([0] + [r.beam for r in requests[:-1]])
     survivors: list[list[tuple[int, int]]] = [[] for _ in requests]
     bound = [i for i, r in enumerate(requests) if r.constraint is not None and not r.cancelled]
     if bound:
-        _advance_constrained(requests, bound, offsets, scores, eos, survivors)
-    plain = [
-        i for i, r in enumerate(requests) if not r.cancelled and r.beam == 1 and not r.record and r.constraint is None
-    ]
+        scores.constrain(_limits(requests, bound, offsets))
+    plain = [i for i, r in enumerate(requests) if not r.cancelled and r.beam == 1 and not r.record]
     if plain:
         ids, values = scores.best(offsets[plain], 1)
         for i, tok, lp in zip(plain, ids[:, 0].tolist(), values[:, 0].tolist()):
             survivors[i] = _greedy(requests[i], tok, lp, eos)
     widths: dict[int, list[int]] = {}
     for i, r in enumerate(requests):
-        if not r.cancelled and (r.beam > 1 or r.record) and r.constraint is None:
+        if not r.cancelled and (r.beam > 1 or r.record):
             widths.setdefault(r.beam, []).append(i)
     for beam, idx in widths.items():
         rows = (offsets[idx][:, None] + np.arange(beam)).ravel()
@@ -522,46 +544,6 @@ def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list
         for i, picked in zip(idx, chosen):
             survivors[i] = picked
     return survivors
-
-
-def _advance_constrained(
-    requests: list[DecodeRequest],
-    bound: list[int],
-    offsets: np.ndarray,
-    scores: StepScores,
-    eos: int,
-    survivors: list[list[tuple[int, int]]],
-) -> None:
-    """:func:`advance` for the requests with a constraint: their rows' log-probs, what each row may not emit
-    set to -inf (:func:`contract.constraints.apply`), then the same greedy pick or beam selection."""
-    rows = np.concatenate([offsets[i] + np.arange(requests[i].beam) for i in bound])
-    x = scores.full(rows)  # (rows, V): spent after this step, so masked in place
-    limits = []
-    for i in bound:
-        req = requests[i]
-        left = req.max_new_tokens - req.steps  # tokens each hypothesis may still emit, this one included
-        for h in req.live:
-            missing = req.constraint.missing(h.placed)
-            limits.append((req.constraint, h.placed, 0 < missing >= left))
-    apply(x, limits)
-    start = np.cumsum([0] + [requests[i].beam for i in bound])
-    by_width: dict[int, list[int]] = {}
-    for n, i in enumerate(bound):
-        req = requests[i]
-        if req.beam == 1 and not req.record:
-            tok = int(x[start[n]].argmax())
-            survivors[i] = _greedy(req, tok, float(x[start[n], tok]), eos)
-        else:
-            by_width.setdefault(req.beam, []).append(n)
-    for beam, members in by_width.items():
-        mine = x[np.concatenate([start[n] + np.arange(beam) for n in members])]
-        ids, values = top_candidates(mine, min(2 * beam, mine.shape[1]))
-        k = ids.shape[1]
-        reqs = [requests[bound[n]] for n in members]
-        recorded = mine.reshape(len(members), beam, -1) if any(r.record for r in reqs) else None
-        chosen = _select(reqs, ids.reshape(len(members), beam, k), values.reshape(len(members), beam, k), eos, recorded)
-        for n, picked in zip(members, chosen):
-            survivors[bound[n]] = picked
 
 
 def plan(

@@ -21,9 +21,8 @@ that side when the span is restored, so ``<b>fett</b>`` comes back without space
 
 Keyboard accelerators (``&File``, ``_File``) are a separate, simpler rule (:func:`strip_accelerator`):
 when a text holds exactly one marker before a letter, the marker is removed before translation and
-put back (:func:`place_accelerator`) before the first letter of the translation that is the same
-letter (case-insensitive) at the start of a word, else the same letter anywhere, else the
-translation's first letter.
+put back (:func:`place_accelerator`) before the first word of the translation that starts with the
+same letter (case-insensitive), else before the translation's first letter.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ _SPANS = re.compile(
     (?P<printf>%%                                                     # a literal percent sign, as printf writes it
       | %\([A-Za-z_][\w.-]*\)[-+0\#]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]  # Python named: %(name)s
       | %(?:\d+\$)?[-+0\#']*(?:\d+|\*(?:\d+\$)?)?(?:\.(?:\d+|\*(?:\d+\$)?))?
-         (?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGaAcspnm]   # C: %s %5.2f %ld %1$s %zu %m
-         (?![A-Za-z])                                                  # not a word: "%done" is text
+         (?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGaAcspnm]   # C: %s %5.2f %ld %1$s %zu %m, %dx%d
     )
     | (?P<percent>%[0-9A-Fa-f]{2}(?![0-9A-Za-z]))                      # percent-encoded byte: %0A, %20
     | (?P<positional>%L?\d{1,2}(?!\d))                                 # Qt/KDE positional: %1, %L1
@@ -221,12 +219,12 @@ def strip_accelerator(text: str) -> tuple[str, Accelerator | None]:
 
 
 def place_accelerator(translation: str, accelerator: Accelerator | None) -> str:
-    """Put the marker back: before the same letter at a word start, else anywhere, else before the first letter."""
+    """Put the marker back: before the first word starting with the same letter, else before the first letter."""
     if accelerator is None:
         return translation
     plain = _SPANS.sub(lambda m: "\0" * len(m.group()), translation)
     letter = re.escape(accelerator.letter)
-    for pattern in (rf"(?<!\w)(?i:{letter})", rf"(?i:{letter})", r"[^\W\d_]"):
+    for pattern in (rf"(?<!\w)(?i:{letter})", r"[^\W\d_]"):
         m = re.search(pattern, plain)
         if m:
             return translation[: m.start()] + accelerator.marker + translation[m.start() :]

@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.batch_rows import joined_capacity, trim_points
+from contract.constraints import Limit, apply
 from contract.decoding import (
     GROW,
     DecodeRequest,
@@ -35,6 +36,7 @@ from contract.decoding import (
     per_layer,
     plan,
     session_fn,
+    top_candidates,
 )
 from service.engine import cache_graphs
 
@@ -181,12 +183,29 @@ class DeviceScores:
 
     def __init__(self, ids: np.ndarray, values: np.ndarray, log_probs: ort.OrtValue) -> None:
         self.ids, self.values, self._log_probs = ids, values, log_probs
+        self._constrained: dict[int, np.ndarray] = {}  # row -> its log-probs with what it may not emit at -inf
 
     def best(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.ids[rows, :k], self.values[rows, :k]
 
     def full(self, rows: np.ndarray) -> np.ndarray:
-        return self._log_probs.numpy()[rows]  # a copy from a GPU; on the CPU a view, copied by whoever keeps it
+        out = self._log_probs.numpy()[rows]  # a copy from a GPU; on the CPU a view, copied by whoever keeps it
+        for i, row in enumerate(rows.tolist()):
+            if row in self._constrained:
+                out[i] = self._constrained[row]
+        return out
+
+    def constrain(self, limits: list[Limit]) -> None:
+        """The constrained rows come to the host (the only rows that do), are masked there, and their best
+        candidates are found again: the device's TopK ranked what they may not emit."""
+        rows = np.array([r for where, *_ in limits for r in where], dtype=np.int64)
+        local = {r: i for i, r in enumerate(rows.tolist())}
+        host = self._log_probs.numpy()[rows]
+        apply(host, [([local[r] for r in where], *rest) for where, *rest in limits])
+        ids, values = top_candidates(host, self.ids.shape[1])
+        self.ids, self.values = self.ids.copy(), self.values.copy()
+        self.ids[rows], self.values[rows] = ids, values
+        self._constrained = dict(zip(rows.tolist(), host))
 
 
 class DeviceBatch:
