@@ -201,11 +201,32 @@ async function translate(event) {
     });
     const result = body.results[0];
     $("translation").textContent = result.translation;
+    showPlaceholders(result);
     state.trId = result.attention_id;
     $("translate-result").hidden = false;
     updateAlignment();
     status(`Translated by ${body.model} v${body.version}`);
   } catch (e) { status(e.message, true); }
+}
+
+// What the service protected (placeholders, tags, escapes: each came back exactly once) and how the text was split.
+function showPlaceholders(result) {
+  const list = $("placeholders");
+  list.replaceChildren(...result.placeholders.map((p) => {
+    const li = document.createElement("li");
+    const code = document.createElement("code");
+    code.textContent = p.text;
+    li.append(code, p.restored ? " ✓" : " ✗ lost");
+    li.title = `${p.kind}: ${p.restored ? "came back verbatim" : "did not come back"}`;
+    return li;
+  }));
+  list.hidden = result.placeholders.length === 0;
+  const cut = result.sentences.filter((s) => !s.finished).length;
+  const parts = [];
+  if (result.sentences.length > 1) parts.push(`${result.sentences.length} sentences, translated as one batch.`);
+  if (cut) parts.push(`${cut} cut at the length limit (max_new_tokens).`);
+  $("sentence-note").textContent = parts.join(" ");
+  $("sentence-note").hidden = parts.length === 0;
 }
 
 function updateAlignment() {

@@ -162,6 +162,23 @@ def test_a_sentence_is_translated_with_its_alignment(page, server):
     assert not page.errors
 
 
+def test_the_page_shows_what_was_protected_and_how_the_text_was_split(page, server):
+    text = "Could not open %s. Deleted %d files."
+    page.fill("#text", text)
+    page.click("#translate-form button[type=submit]")
+    page.wait_for_function("!document.getElementById('placeholders').hidden")
+    beam = int(page.eval_on_selector("#beam", "e => e.value"))
+    result = httpx.post(server.url + "/translate", json={"text": text, "beam_size": beam}).json()["results"][0]
+    assert [p["text"] for p in result["placeholders"]] == ["%s", "%d"]
+    assert page.inner_text("#translation") == result["translation"]
+    assert page.locator("#placeholders li").all_inner_texts() == ["%s ✓", "%d ✓"]
+    cut = sum(not s["finished"] for s in result["sentences"])  # the tiny model may run to its length limit
+    note = "2 sentences, translated as one batch." + (f" {cut} cut at the length limit (max_new_tokens)." * (cut > 0))
+    assert page.inner_text("#sentence-note") == note
+    page.screenshot(path=str(ARTIFACTS / "web-placeholders.png"), full_page=True)
+    assert not page.errors
+
+
 def test_the_translator_says_what_it_is_for_and_marks_its_samples(page, server):
     models = httpx.get(server.url + "/models").json()["models"]
     domains = next(m for m in models if m["task"] == "translation")["evaluation"]["domains"]
