@@ -1,7 +1,8 @@
 """Protected spans: what a translation must carry over verbatim, masked before decoding and put back after.
 
 Software strings hold text that a program fills in or parses at run time: printf conversions
-(``%s``, ``%5.2f``, ``%1$s``, ``%(name)s``, ``%%``), positional ``%1``, braces (``{name}``, ``{0}``,
+(``%s``, ``%5.2f``, ``%1$s``, ``%(name)s``, ``%%``), any other ``%`` and letter (``%Y``, ``%_d``: dates),
+positional ``%1``, braces (``{name}``, ``{0}``,
 ``{0:N2}``, ``{}``), XML/HTML tags and entities, backslash escapes (``\\n``, ``\\t``, ``\\x41``) and
 percent-encoded bytes (``%0A``). :func:`find_spans` finds them; :func:`mask` replaces each by a
 *sentinel*, a string the translator's tokenizer keeps as one token (the manifest names them), so the
@@ -41,6 +42,7 @@ _SPANS = re.compile(
     )
     | (?P<percent>%[0-9A-Fa-f]{2}(?![0-9A-Za-z]))                      # percent-encoded byte: %0A, %20
     | (?P<positional>%L?\d{1,2}(?!\d))                                 # Qt/KDE positional: %1, %L1
+    | (?P<strftime>%[-_0^\#]?[EO]?[A-Za-z])                           # dates and others: %Y %H %_d %Oy %L
     | (?P<brace>\{\{|\}\}|\{[A-Za-z_0-9]*(?:[.\[][\w\]\[.]*)?(?:![rsa])?(?::[^{}\s]*)?\})  # {name} {0} {0:N2} {} {{
     | (?P<tag></?[A-Za-z][\w:.-]*(?:\s+[\w:.-]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'<>]+))?)*\s*/?>)
     | (?P<entity>&(?:[A-Za-z][A-Za-z0-9]{1,31}|\#\d{1,7}|\#[xX][0-9A-Fa-f]{1,6});)
@@ -48,7 +50,7 @@ _SPANS = re.compile(
     """,
     re.VERBOSE,
 )
-KINDS = ("printf", "percent", "positional", "brace", "tag", "entity", "escape")
+KINDS = ("printf", "percent", "strftime", "positional", "brace", "tag", "entity", "escape")
 _TAG_NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
 
 
@@ -65,8 +67,8 @@ class Span:
     @property
     def sequential(self) -> bool:
         """Takes the next argument by its place (``%s``, ``{}``): keeps its order among the others."""
-        if self.kind == "printf":
-            return self.text != "%%" and not self.text.startswith("%(") and not re.match(r"%\d+\$", self.text)
+        if self.kind == "printf":  # %% and glibc's %m take no argument
+            return self.text not in ("%%", "%m") and not self.text.startswith("%(") and not re.match(r"%\d+\$", self.text)
         return self.kind == "brace" and self.text == "{}"
 
 

@@ -33,6 +33,7 @@ POOL = tuple("XYZQJK")
         ("Tom &amp; Jerry &#169; &#x2014;", ["&amp;", "&#169;", "&#x2014;"], "entity"),
         (r"line\nnext\ttab \x41 \\", [r"\n", r"\t", r"\x41", "\\\\"], "escape"),
         ("a%20b and %0A", ["%20", "%0A"], None),
+        ("%Y-%m-%d %H:%M, %_d %Oy", ["%Y", "%m", "%d", "%H", "%M", "%_d", "%Oy"], None),
     ],
 )
 def test_each_kind_of_span_is_found_verbatim(text, spans, kind):
