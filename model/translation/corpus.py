@@ -1,9 +1,14 @@
 """Build the English->German corpus: ``python -m model.translation.corpus [--out data/translation]``.
 
-Debian packages (or a user's own TSV / aligned files) -> cleaning rules -> sentence alignment ->
-pair filters -> dedupe -> a deterministic train/valid/test split by a hash of the cleaned English
-side -> ``train.tsv``, ``valid.tsv``, ``test.tsv`` (``source<TAB>target``) and ``stats.json``.
-The same inputs and options always give byte-identical TSV files.
+Debian packages (or a user's own TSV / aligned files) -> placeholders masked -> cleaning rules ->
+sentence alignment -> pair filters -> dedupe -> a deterministic train/valid/test split by a hash of
+the cleaned English side -> ``train.tsv``, ``valid.tsv``, ``test.tsv`` (``source<TAB>target``) and
+``stats.json``. The same inputs and options always give byte-identical TSV files.
+
+A pair whose sides carry the same protected spans (``%s``, ``{name}``, tags: contract/placeholders.py)
+is kept with them masked by the training sentinels ``⟦1⟧`` … ``⟦16⟧`` (model/translation/masking.py);
+``--no-placeholders`` builds the corpus as it was before (such strings left out or their
+placeholders stripped: the corpus ``translator/3`` was trained on).
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ import logging
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.placeholders import TRAINING_SENTINELS
 from model.cli import CliError, run_cli
 from model.translation import debian, sources
 from model.translation.cleaning import PAIR_FILTERS, FilterConfig, clean_text, dedupe_key
+from model.translation.masking import protect_pair, renumber, sentinels, sentinels_agree, space_sentinels
 from model.translation.sentences import align_sentences
 from model.translation.split import SPLITS, assign_splits
 from model.translation.textio import TextFileError, read_aligned, read_tsv, write_tsv
@@ -35,7 +42,8 @@ class SourceSpec:
     """One corpus source: the packages it reads and how its text is treated."""
 
     packages: tuple[str, ...]
-    read: Callable[[Mapping[str, Path], bool], Iterator[Pair]]  # (package -> unpacked root, progress)
+    # (package -> unpacked root, progress, protect: mask placeholders the reader would leave out) -> raw pairs
+    read: Callable[[Mapping[str, Path], bool, bool], Iterator[Pair]]
     ui_strings: bool = False  # strip GTK mnemonic underscores
     segment: bool = False  # split paragraphs into sentence pairs
 
@@ -68,28 +76,30 @@ def catalogs(
     """A source made of one package's German ``.mo`` catalogs under ``subdir``, read by ``pairs_of``."""
     return SourceSpec(
         (package,),
-        lambda roots, p: sources.read_game_catalogs([roots[package]], subdir, p, pairs_of),
+        lambda roots, p, protect: sources.read_game_catalogs([roots[package]], subdir, p, pairs_of, protect),
         ui_strings=ui_strings,
         segment=True,
     )
 
 
 SOURCES: dict[str, SourceSpec] = {
-    "ding": SourceSpec(("trans-de-en",), lambda roots, p: sources.read_ding(roots["trans-de-en"], p)),
+    "ding": SourceSpec(("trans-de-en",), lambda roots, p, _: sources.read_ding(roots["trans-de-en"], p)),
     "help": SourceSpec(
         ("libreoffice-help-en-us", "libreoffice-help-de"),
-        lambda roots, p: sources.read_help(roots["libreoffice-help-en-us"], roots["libreoffice-help-de"], p),
+        lambda roots, p, _: sources.read_help(roots["libreoffice-help-en-us"], roots["libreoffice-help-de"], p),
         segment=True,
     ),
     "ui": SourceSpec(
         ("libreoffice-l10n-de",),
-        lambda roots, p: sources.read_ui_catalogs(roots["libreoffice-l10n-de"], p),
+        lambda roots, p, _: sources.read_ui_catalogs(roots["libreoffice-l10n-de"], p),
         ui_strings=True,
         segment=True,
     ),
     "wesnoth": SourceSpec(
         WESNOTH_PACKAGES,
-        lambda roots, p: sources.read_game_catalogs(list(roots.values()), sources.WESNOTH_LOCALE_DIR, p),
+        lambda roots, p, protect: sources.read_game_catalogs(
+            list(roots.values()), sources.WESNOTH_LOCALE_DIR, p, protect=protect
+        ),
         segment=True,
     ),
     "freeciv": catalogs("freeciv-data", sources.FREECIV_LOCALE_DIR, sources.game_message_pairs, ui_strings=True),
@@ -97,7 +107,7 @@ SOURCES: dict[str, SourceSpec] = {
     "widelands": catalogs("widelands-data", sources.WIDELANDS_LOCALE_DIR, sources.placeholder_free_pairs),
     "tuxpaint": SourceSpec(
         ("tuxpaint-stamps-default",),
-        lambda roots, p: sources.read_stamps(roots["tuxpaint-stamps-default"], p),
+        lambda roots, p, _: sources.read_stamps(roots["tuxpaint-stamps-default"], p),
     ),
     "naev": catalogs("naev-data", sources.NAEV_LOCALE_DIR, sources.naev_pairs),
     "freedroid": catalogs("freedroidrpg-data", sources.FREEDROID_LOCALE_DIR, sources.freedroid_pairs),
@@ -112,9 +122,11 @@ class SourceReport:
     stages: dict[str, int] = field(default_factory=dict)  # pairs left after each step, in order
     splits: Counter = field(default_factory=Counter)
     info: dict = field(default_factory=dict)  # packages and versions, or the user's files and bad lines
+    placeholders: dict = field(default_factory=dict)  # kept pairs whose placeholders are masked, and their sentinels
 
     def as_dict(self) -> dict:
-        return {**self.info, "stages": self.stages, "splits": {s: self.splits[s] for s in SPLITS}}
+        masked = {"placeholders": self.placeholders} if self.placeholders else {}
+        return {**self.info, "stages": self.stages, **masked, "splits": {s: self.splits[s] for s in SPLITS}}
 
 
 @dataclass
@@ -128,19 +140,31 @@ class SourceInput:
 
 
 def clean_pairs(
-    raw: Iterable[Pair], *, ui_strings: bool, segment: bool, config: FilterConfig
+    raw: Iterable[Pair], *, ui_strings: bool, segment: bool, config: FilterConfig, pool: Sequence[str] = ()
 ) -> tuple[list[Pair], dict[str, int]]:
-    """Clean both sides, split into sentence pairs, then keep pairs passing every filter; count each step."""
-    stages = dict.fromkeys(["extracted", "cleaned", "sentences", *(name for name, _ in PAIR_FILTERS)], 0)
+    """Clean both sides, split into sentence pairs, then keep pairs passing every filter; count each step.
+
+    With a sentinel ``pool``, a pair whose sides carry the same protected spans is masked before cleaning
+    (the readers of catalogs have masked theirs already), and a sentence pair is kept only when both its
+    sides hold the same sentinels (``same_sentinels``: splitting may part them), renumbered from the first."""
+    steps = ["extracted", "cleaned", "sentences", *(["same_sentinels"] if pool else []), *(n for n, _ in PAIR_FILTERS)]
+    stages = dict.fromkeys(steps, 0)
     kept = []
     for source, target in raw:
         stages["extracted"] += 1
+        if pool and (masked := protect_pair(source, target, pool)):
+            source, target = masked
         source, target = clean_text(source, ui_strings=ui_strings), clean_text(target, ui_strings=ui_strings)
         if not source or not target:
             continue
         stages["cleaned"] += 1
         for s, t in align_sentences(source, target) if segment else [(source, target)]:
             stages["sentences"] += 1
+            if pool:
+                if not sentinels_agree(s, t):
+                    continue
+                stages["same_sentinels"] += 1
+                s, t = (space_sentinels(side) for side in renumber(s, t, pool))
             for name, keep in PAIR_FILTERS:
                 if not keep(s, t, config):
                     break
@@ -156,8 +180,10 @@ def build(
     valid_fraction: float,
     test_fraction: float,
     max_group: int = 500,
+    pool: Sequence[str] = (),
 ) -> tuple[dict[str, list[Pair]], dict[str, list[str]], dict[str, int]]:
-    """Clean, dedupe (the first source to bring a pair keeps it) and split near-duplicate groups whole.
+    """Clean (masking placeholders with ``pool``'s sentinels), dedupe (the first source to bring a pair
+    keeps it) and split near-duplicate groups whole.
 
     Returns the pairs of each split, the source name of each of those pairs, and the grouping's
     counts; fills each input's report.
@@ -168,17 +194,21 @@ def build(
     for name, source in inputs.items():
         report = source.report
         kept, report.stages = clean_pairs(
-            source.pairs, ui_strings=source.ui_strings, segment=source.segment, config=config
+            source.pairs, ui_strings=source.ui_strings, segment=source.segment, config=config, pool=pool
         )
-        unique = 0
+        unique = masked = masks = 0
         for pair in kept:
             if (key := dedupe_key(*pair)) in seen:
                 continue
             seen.add(key)
             unique += 1
+            if found := len(sentinels(pair[0])):
+                masked, masks = masked + 1, masks + found
             pairs.append(pair)
             origin.append(name)
         report.stages["unique"] = unique
+        if pool:
+            report.placeholders = {"pairs": masked, "sentinels": masks}
         log.info("%s: %s", name, ", ".join(f"{k} {v}" for k, v in report.stages.items()))
     assigned, grouping = assign_splits([s for s, _ in pairs], valid_fraction, test_fraction, max_group)
     splits: dict[str, list[Pair]] = {s: [] for s in SPLITS}
@@ -191,16 +221,17 @@ def build(
 
 
 def package_inputs(
-    names: list[str], cache: Path, *, offline: bool, refresh: bool, progress: bool
+    names: list[str], cache: Path, *, offline: bool, refresh: bool, progress: bool, protect: bool = True
 ) -> dict[str, SourceInput]:
-    """Fetch the packages of the chosen sources and wire their readers into :func:`build`'s inputs."""
+    """Fetch the packages of the chosen sources and wire their readers into :func:`build`'s inputs
+    (``protect``: the catalog readers mask the placeholders they would otherwise leave out)."""
     inputs = {}
     for name in names:
         spec = SOURCES[name]
         unpacked = {p: debian.fetch(p, cache, offline=offline, refresh=refresh) for p in spec.packages}
         report = SourceReport(info={"packages": {p: u.version for p, u in unpacked.items()}})
         roots = {p: u.root for p, u in unpacked.items()}
-        inputs[name] = SourceInput(spec.read(roots, progress), report, spec.ui_strings, spec.segment)
+        inputs[name] = SourceInput(spec.read(roots, progress, protect), report, spec.ui_strings, spec.segment)
     return inputs
 
 
@@ -253,6 +284,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             default=value,
             help="filter threshold (default: %(default)s)",
         )
+    p.add_argument(
+        "--no-placeholders",
+        action="store_true",
+        help="leave strings with placeholders out (or strip them) instead of masking them: the corpus before masking",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -279,14 +315,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = check_args(args)
     config = FilterConfig(**{k: getattr(args, k) for k in FilterConfig().as_dict()})
+    pool = () if args.no_placeholders else TRAINING_SENTINELS
     try:
         if args.tsv or args.source:
             inputs = user_inputs(args)
         else:
             inputs = package_inputs(
-                names, args.cache, offline=args.offline, refresh=args.refresh, progress=not args.no_progress
+                names,
+                args.cache,
+                offline=args.offline,
+                refresh=args.refresh,
+                progress=not args.no_progress,
+                protect=bool(pool),
             )
-        splits, domains, grouping = build(inputs, config, args.valid_fraction, args.test_fraction, args.max_group)
+        splits, domains, grouping = build(inputs, config, args.valid_fraction, args.test_fraction, args.max_group, pool)
     except (debian.PackageError, TextFileError) as e:
         raise CliError(str(e)) from e
     except OSError as e:  # an unreadable file inside an unpacked package
@@ -305,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "splits": {s: len(splits[s]) for s in SPLITS},
         "sources": {name: r.as_dict() for name, r in reports.items()},
         "filters": config.as_dict(),
+        "placeholders": {"masked": bool(pool), "sentinels": list(pool)},
         "split": {
             "valid_fraction": args.valid_fraction,
             "test_fraction": args.test_fraction,

@@ -21,6 +21,9 @@ from contract.placeholders import TRAINING_SENTINELS, TooManySpans, find_spans, 
 
 Pair = tuple[str, str]
 _SENTINEL = re.compile("|".join(re.escape(s) for s in sorted(TRAINING_SENTINELS, key=len, reverse=True)))
+_PERCENT_NAME = re.compile(r"%[A-Z]{3}[A-Z0-9_]*")  # three capitals: no printf conversion (%LA, %I64d) is one
+_HIDDEN = "\ufdd0"  # a noncharacter: stands for a set-aside %NAME while the rest is masked
+_GLUED = re.compile(rf"(?<=[^\W_])(?={_SENTINEL.pattern})|(?<=\u27e7)(?=[^\W_]|{_SENTINEL.pattern})")
 
 
 def span_texts(text: str) -> Counter:
@@ -33,10 +36,11 @@ def mask_pair(source: str, target: str, pool: Sequence[str] = TRAINING_SENTINELS
 
     Raises ``ValueError`` when the sides carry different spans, or a side already holds a sentinel of
     ``pool``, and :class:`~contract.placeholders.TooManySpans` when there are more spans than sentinels."""
+    if any(s in side for s in (*pool, _HIDDEN) for side in (source, target)):
+        raise ValueError("a side already holds a sentinel")
+    (source, source_names), (target, target_names) = _hide_names(source), _hide_names(target)
     if span_texts(source) != span_texts(target):
         raise ValueError("the two sides carry different protected spans")
-    if any(s in source or s in target for s in pool):
-        raise ValueError("a side already holds a sentinel")
     masked = mask(source, pool)
     sentinel: dict[tuple[str, int], str] = {}
     seen: Counter = Counter()
@@ -47,7 +51,19 @@ def mask_pair(source: str, target: str, pool: Sequence[str] = TRAINING_SENTINELS
     for span in find_spans(target):
         order.append(sentinel[span.text, seen[span.text]])
         seen[span.text] += 1
-    return masked.text, mask(target, order).text  # the target holds no sentinel: its k-th span gets order[k]
+    target_masked = mask(target, order).text  # the target holds no sentinel: its k-th span gets order[k]
+    return _show_names(masked.text, source_names), _show_names(target_masked, target_names)
+
+
+def _hide_names(text: str) -> tuple[str, list[str]]:
+    """``text`` with its ``%NAME`` placeholders set aside: LibreOffice's names (``%PRODUCTNAME``,
+    ``%LANGUAGENAME``) keep the old treatment, and their first letters are no printf conversion (``%LA``)."""
+    return _PERCENT_NAME.sub(_HIDDEN, text), _PERCENT_NAME.findall(text)
+
+
+def _show_names(text: str, names: list[str]) -> str:
+    back = iter(names)
+    return re.sub(_HIDDEN, lambda _: next(back), text)
 
 
 def protect_pair(source: str, target: str, pool: Sequence[str] = TRAINING_SENTINELS) -> Pair | None:
@@ -55,9 +71,10 @@ def protect_pair(source: str, target: str, pool: Sequence[str] = TRAINING_SENTIN
     if not find_spans(source):
         return None
     try:
-        return mask_pair(source, target, pool)
+        masked = mask_pair(source, target, pool)
     except (ValueError, TooManySpans):
         return None
+    return masked if masked != (source, target) else None
 
 
 def protect_entries(entries: list[tuple[str, str]], pool: Sequence[str] = TRAINING_SENTINELS) -> list[tuple[str, str]]:
@@ -94,3 +111,9 @@ def renumber(source: str, target: str, pool: Sequence[str] = TRAINING_SENTINELS)
     if all(k == v for k, v in rename.items()):
         return source, target
     return tuple(_SENTINEL.sub(lambda m: rename.get(m.group(), m.group()), side) for side in (source, target))
+
+
+def space_sentinels(text: str) -> str:
+    """A space between a sentinel and a letter, digit or sentinel it touches, as ``mask`` writes it (a
+    reader's markup rewriting, ``<header>text='Units'</header>``, may have glued one to a word)."""
+    return _GLUED.sub(" ", text)

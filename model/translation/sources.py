@@ -30,6 +30,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from model.translation.masking import protect_entries
+
 log = logging.getLogger("attnserve.translation.sources")
 
 Pair = tuple[str, str]
@@ -237,14 +239,20 @@ def read_game_catalogs(
     subdir: str,
     progress: bool = True,
     pairs_of: Callable[[list[tuple[str, str]]], list[Pair]] = game_message_pairs,
+    protect: bool = False,
 ) -> Iterator[Pair]:
-    """Every German ``.mo`` catalog under ``root/subdir`` of each unpacked package, in name order."""
+    """Every German ``.mo`` catalog under ``root/subdir`` of each unpacked package, in name order.
+
+    ``protect``: an entry whose text carries the same protected spans as its translation is masked
+    first (model/translation/masking.py), so that ``pairs_of`` no longer leaves it out for its placeholders.
+    """
     catalogs = sorted(path for root in roots for path in (root / subdir).glob("*.mo"))
     if not catalogs:
         raise ValueError(f"no .mo catalogs under {subdir} of {', '.join(map(str, roots))}: unpack again (--refresh)")
     for path in tqdm(catalogs, desc="game catalogs", unit=" files", disable=not progress, leave=False):
         try:
-            yield from pairs_of(parse_mo(path.read_bytes()))
+            entries = parse_mo(path.read_bytes())
+            yield from pairs_of(protect_entries(entries) if protect else entries)
         except (ValueError, struct.error) as e:
             raise ValueError(f"{path}: {e}") from e
 

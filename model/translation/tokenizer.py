@@ -5,6 +5,9 @@ trains a SentencePiece unigram model with fixed special ids, checks the round tr
 of ``valid.tsv``, and writes ``spm.model`` (what the service loads), ``spm.vocab`` (for reading)
 and ``tokenizer.json`` (settings, special ids and measured figures, for the manifest).
 The wrapper class is ``contract.tokenizer.Tokenizer``; see its docstring for the normalisation.
+The sixteen training sentinels ``⟦1⟧`` … ``⟦16⟧`` (model/translation/masking.py) are user-defined
+symbols, one piece each, so the decoder can be made to emit each exactly once (``--no-sentinels``: the
+tokenizer of a corpus built without them).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from contract.placeholders import TRAINING_SENTINELS
 from contract.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, normalize_text
 from model.cli import CliError, run_cli
 from model.translation.textio import TextFileError, read_tsv
@@ -61,8 +65,10 @@ def train_tokenizer(
     model_type: str = "unigram",
     character_coverage: float = 0.99995,  # characters seen ~10+ times get a piece (0.9995 sent », « and ] to bytes)
     threads: int = 1,
+    symbols: Sequence[str] = TRAINING_SENTINELS,
 ) -> Tokenizer:
-    """Train in memory; SentencePiece's own errors (e.g. a vocabulary too large for the text) become ``ValueError``."""
+    """Train in memory, each of ``symbols`` one piece (ids 4, 5, … after the special ids); SentencePiece's own
+    errors (e.g. a vocabulary too large for the text) become ``ValueError``."""
     if not sentences:
         raise ValueError("no training sentences")
     buffer = io.BytesIO()
@@ -74,6 +80,7 @@ def train_tokenizer(
             vocab_size=vocab_size,
             character_coverage=character_coverage,
             num_threads=threads,
+            **({"user_defined_symbols": list(symbols)} if symbols else {}),
             **TRAINER_OPTIONS,
         )
     except RuntimeError as e:  # "INTERNAL: src/trainer_interface.cc(638) [<condition>] <message>": keep the message
@@ -123,6 +130,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--character-coverage", type=float, default=0.99995, help="share of characters that get their own piece"
     )
     p.add_argument("--threads", type=int, default=1, help="SentencePiece trainer threads")
+    p.add_argument(
+        "--no-sentinels", action="store_true", help="no user-defined sentinel pieces (a corpus built --no-placeholders)"
+    )
     return p.parse_args(argv)
 
 
@@ -163,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         model_type=args.model_type,
         character_coverage=args.character_coverage,
         threads=args.threads,
+        symbols=() if args.no_sentinels else TRAINING_SENTINELS,
     )
     seconds = time.perf_counter() - start
     valid = training_sentences(read_split(args.data, "valid")) if (args.data / "valid.tsv").is_file() else []
@@ -182,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "trainer_options": {
             "character_coverage": args.character_coverage,
             **{k: v for k, v in TRAINER_OPTIONS.items() if k != "minloglevel"},
+            "user_defined_symbols": [] if args.no_sentinels else list(TRAINING_SENTINELS),
         },
         "trained_on": {"file": str(args.data / "train.tsv"), "pairs": len(train), "sentences": len(sentences)},
         "training_seconds": round(seconds, 1),

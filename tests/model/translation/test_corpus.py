@@ -30,8 +30,9 @@ def read_splits(out: Path) -> dict[str, list[tuple[str, str]]]:
 
 
 def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
+    """The corpus as it was before placeholders were masked (``--no-placeholders``), pair for pair."""
     out = tmp_path / "out"
-    code, _ = run(["--cache", excerpt_cache, "--out", out, "--offline"], capsys)
+    code, _ = run(["--cache", excerpt_cache, "--out", out, "--offline", "--no-placeholders"], capsys)
     assert code == 0
     stats = json.loads((out / "stats.json").read_text())
     pairs = [p for split in read_splits(out).values() for p in split]
@@ -82,6 +83,51 @@ def test_builder_on_package_excerpts(excerpt_cache, tmp_path, capsys):
         "An meinen neunten Geburtstag kann ich mich nur ganz dunkel erinnern.",
     ) in pairs
     assert sum(sum(s["splits"].values()) for s in stats["sources"].values()) == stats["total"]
+
+
+# What masking adds to the excerpts' corpus (one sentinel per span, the same on both sides), and the
+# pairs it replaces (their markup was stripped before; tags are protected spans now).
+MASKED = {
+    ("⟦1⟧ results found", "⟦1⟧ Ergebnisse gefunden"),  # %1 was stripped
+    ("⟦1⟧ Multiplayer and undo ⟦2⟧", "⟦1⟧ Mehrspieler und die Rückgängig-Funktion ⟦2⟧"),
+    ("You bought ⟦1⟧ in ⟦2⟧.", "Sie haben ⟦1⟧ in ⟦2⟧ gekauft."),  # left out before
+    (
+        "* This food looks as ⟦1⟧ fresh ⟦2⟧ as it can be.",
+        "* Dieses Lebensmittel sieht so ⟦1⟧ frisch ⟦2⟧ aus, wie es nur sein kann.",
+    ),
+    ("⟦1⟧ calms down.", "⟦1⟧ beruhigt sich."),  # <npcname>: left out before
+    ("⟦1⟧ drops the ⟦2⟧.", "⟦1⟧ lässt ⟦2⟧ fallen."),
+    ("Captain Thanlas the Elder, ⟦1⟧ Explorer", "Kapitän Thanlas der Ältere, ⟦1⟧ Entdecker"),
+    ("⟦1⟧ ⟦2⟧ is hailing you.", "⟦1⟧ ⟦2⟧ funkt dich an."),
+    ("A ⟦1⟧ jumps out in front of you!", "Ein/e ⟦1⟧ stößt mit dir zusammen!"),
+    ("⟦1⟧ Very dangerous. ⟦2⟧", "⟦1⟧ Sehr gefährlich. ⟦2⟧"),
+}
+REPLACED = {
+    ("results found", "Ergebnisse gefunden"),
+    ("Multiplayer and undo", "Mehrspieler und die Rückgängig-Funktion"),
+    ("* This food looks as fresh as it can be.", "* Dieses Lebensmittel sieht so frisch aus, wie es nur sein kann."),
+    ("Captain Thanlas the Elder, Explorer", "Kapitän Thanlas der Ältere, Entdecker"),
+    ("Very dangerous.", "Sehr gefährlich."),
+}
+
+
+def test_placeholders_are_masked_by_default(excerpt_cache, tmp_path, capsys):
+    for name, extra in (("masked", []), ("plain", ["--no-placeholders"])):
+        assert run(["--cache", excerpt_cache, "--out", tmp_path / name, "--offline", *extra], capsys)[0] == 0
+    masked, plain = ({p for split in read_splits(tmp_path / n).values() for p in split} for n in ("masked", "plain"))
+    assert masked - plain == MASKED and plain - masked == REPLACED
+    stats = json.loads((tmp_path / "masked" / "stats.json").read_text())
+    assert stats["placeholders"] == {"masked": True, "sentinels": [f"⟦{i}⟧" for i in range(1, 17)]}
+    counts = {name: s["placeholders"]["pairs"] for name, s in stats["sources"].items() if s["placeholders"]["pairs"]}
+    assert counts == {"ui": 1, "wesnoth": 1, "freeciv": 1, "cataclysm": 4, "widelands": 1, "naev": 1, "freedroid": 1}
+    assert stats["sources"]["cataclysm"]["placeholders"]["sentinels"] == 7
+    assert stats["sources"]["ui"]["stages"]["same_sentinels"] == stats["sources"]["ui"]["stages"]["sentences"]
+    plain_stats = json.loads((tmp_path / "plain" / "stats.json").read_text())
+    assert plain_stats["placeholders"] == {"masked": False, "sentinels": []}
+    assert (
+        "placeholders" not in plain_stats["sources"]["ui"]
+        and "same_sentinels" not in plain_stats["sources"]["ui"]["stages"]
+    )
 
 
 UI_CLEANED = {

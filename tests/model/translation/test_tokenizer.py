@@ -11,10 +11,12 @@ import unicodedata
 import pytest
 import sentencepiece as spm
 
+from contract.placeholders import TRAINING_SENTINELS
 from contract.tokenizer import Tokenizer, TokenizerError, normalize_text
 from model.cli import run_cli
 from model.translation import corpus
 from model.translation import tokenizer as trainer
+from model.translation.masking import sentinels
 from tests.conftest import ROOT
 from tests.model.translation.excerpts import DING_PAIRS, HELP_PAIRS, UI_PAIRS
 
@@ -54,6 +56,18 @@ def test_bos_eos_and_padding_are_added_on_request_and_dropped_on_decode(tok):
     assert tok.encode_batch([text, "Neu"], add_eos=True) == [plain + [tok.eos_id], tok.encode("Neu") + [tok.eos_id]]
 
 
+def test_each_training_sentinel_is_one_piece(tok):
+    assert tok.pieces(range(4, 20)) == list(TRAINING_SENTINELS)  # right after the special ids
+    for text in ("Open ⟦1⟧ now", "a⟦16⟧b ⟦10⟧⟦1⟧.", "⟦1⟧ ⟦2⟧"):
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        assert [p for p in tok.pieces(ids) if "⟦" in p] == sentinels(text)
+    plain = trainer.train_tokenizer(
+        trainer.training_sentences(DING_PAIRS + HELP_PAIRS + UI_PAIRS), vocab_size=400, symbols=()
+    )
+    assert not any("⟦" in p for p in plain.pieces(range(plain.vocab_size)))
+
+
 def test_save_and_load_give_the_same_tokenizer(tok, tmp_path):
     path = tok.save(tmp_path / "spm.model")
     loaded = Tokenizer.load(path)
@@ -91,6 +105,7 @@ def test_training_cli_on_a_built_corpus(excerpt_cache, tmp_path, capsys):
     info = json.loads((data / "spm" / "tokenizer.json").read_text())
     assert info["special_ids"] == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
     assert info["vocab_size"] == 360 and info["model_type"] == "unigram"
+    assert info["trainer_options"]["user_defined_symbols"] == list(TRAINING_SENTINELS)
     assert info["trained_on"]["pairs"] == len((data / "train.tsv").read_text().splitlines())
     assert Tokenizer.load(data / "spm" / "spm.model").vocab_size == 360
     assert (data / "spm" / "spm.vocab").read_text().splitlines()[:4] == ["<pad>\t0", "<s>\t1", "</s>\t2", "<unk>\t3"]
