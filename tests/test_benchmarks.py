@@ -365,3 +365,19 @@ def test_bench_decoder_step_shares_cross_attention_rows_with_group(tmp_path):
     rows = dict(re.findall(r"^batch +(\d+) +(.*)$", proc.stdout, re.MULTILINE))
     drifts = [float(d) for d in re.findall(r"\|dlog_probs\| (\S+)\)", rows["64"])]
     assert len(drifts) == 2 and drifts[0] == 0.0 and 0.0 <= drifts[1] < 1e-4, proc.stdout
+
+
+def test_bench_constraints_prices_the_constraint_within_a_step():
+    """The shipped translator: greedy and beam 4 rows, each with the decoder's time and the search's with and
+    without the constraint, and a step ratio near 1 (the constraint is a small part of a step)."""
+    proc = run_module("benchmarks.bench_constraints", "--rounds", "2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(
+        r"^(greedy|beam 4) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)-([\d.]+)$",
+        proc.stdout,
+        re.MULTILINE,
+    )
+    assert [(name, int(n)) for name, n, *_ in rows] == [("greedy", 33), ("beam 4", 132)], proc.stdout
+    for *_, decoder, off, on, ratio, low, high in rows:
+        assert 0 < float(off) and 0 < float(on) and 0 < float(decoder) < 10_000, proc.stdout
+        assert 0.5 < float(low) <= float(high) < 2.0 and 0.5 < float(ratio) < 2.0, proc.stdout
