@@ -191,8 +191,17 @@ def restore(translation: str, masked: Masked, marks: Sequence[str] | None = None
             texts[k + 1] = after.lstrip(" ")
     out = [texts[0]]
     for k, i in enumerate(order):
-        out += [masked.spans[i].text, texts[k + 1]]
+        span, after = masked.spans[i].text, texts[k + 1]
+        if _extends(span, after):  # "%l" + "inhalt" would read as "%li": keep them apart
+            after = " " + after
+        out += [span, after]
     return "".join(out), found
+
+
+def _extends(span: str, after: str) -> bool:
+    """Whether the text after a restored span would make it a longer span (``%l`` before ``i``)."""
+    m = _SPANS.match(span + after[:16])
+    return m is not None and m.end() > len(span)
 
 
 # ---- keyboard accelerators -------------------------------------------------------------------------------------

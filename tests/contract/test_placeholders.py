@@ -85,6 +85,13 @@ def test_sentinels_stand_apart_from_the_words_they_touch_and_rejoin_them_after()
     assert restore("X Datei Y Z", m)[0] == "<b> Datei %s</b>"
 
 
+def test_a_restored_span_is_never_read_as_a_longer_one():
+    m = mask("%l contents", POOL)
+    assert restore("Xinhalt", m)[0] == "%l inhalt"  # not "%linhalt", where a C program reads %li
+    m = mask("%dx%d", POOL)
+    assert restore("X x Y", m)[0] == "%dx%d"  # as the source had it
+
+
 def test_a_sentinel_already_in_the_text_is_skipped_and_a_missing_one_is_reported():
     m = mask("X marks %s", POOL)
     assert m.sentinels == ("Y",) and m.text == "X marks Y"
