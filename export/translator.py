@@ -42,6 +42,7 @@ from contract.decoding import (
     per_layer,
     session_fn,
 )
+from contract.placeholders import TRAINING_SENTINELS
 from contract.tokenizer import Tokenizer
 from export.common import (
     ExportError,
@@ -350,6 +351,13 @@ def corpus_provenance(data: Path) -> dict:
     }
 
 
+def trained_sentinels(tok: Tokenizer) -> list[str]:
+    """The sentinels the corpus masked placeholders with that the tokenizer holds as pieces of their own (its
+    user-defined symbols): what the service masks with. Empty for a tokenizer trained without them (the
+    service then masks with capital letters, ``contract/translation_text.py``)."""
+    return [s for s in TRAINING_SENTINELS if tok.piece_to_id(s) != tok.unk_id]
+
+
 def build_manifest(
     ckpt: dict, name: str, version: str, folder: Path, parity: dict, evaluation: dict, data: dict
 ) -> dict:
@@ -388,6 +396,7 @@ def build_manifest(
             "beam": BEAM,
             "length_penalty": LENGTH_PENALTY,
             "scores": "log_probs",
+            "sentinels": trained_sentinels(Tokenizer.from_bytes(ckpt["tokenizer"]["model"])),
         },
         "attention": {
             "encoder": {
