@@ -11,7 +11,7 @@ requests, so that every transport is batched together and has the same limits an
   on the output) the k best as ``"score:index:label"`` (BYTES [N, k]).
 - Translator: input ``text`` (BYTES [N]); output ``translation`` (BYTES [N], or [N, k] with
   ``num_return_sequences`` k > 1); request parameters ``beam_size``, ``length_penalty``,
-  ``num_return_sequences``, ``max_new_tokens`` as on ``POST /translate``.
+  ``num_return_sequences``, ``max_new_tokens``, ``protect_placeholders`` as on ``POST /translate``.
 - ``return_attention: true`` (request parameter) adds ``attention_id`` (BYTES [N]): ids that
   ``GET /attention/{id}`` serves, owned by the caller's key.
 """
@@ -38,7 +38,14 @@ from service.statistics import model_statistics
 from service.translator import TASK as TRANSLATION
 
 EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
-DECODING_PARAMETERS = ("beam_size", "length_penalty", "num_return_sequences", "max_new_tokens", "return_attention")
+DECODING_PARAMETERS = (
+    "beam_size",
+    "length_penalty",
+    "num_return_sequences",
+    "max_new_tokens",
+    "return_attention",
+    "protect_placeholders",
+)
 
 
 def server_metadata() -> dict:

@@ -126,6 +126,9 @@ def test_placeholders_come_back_over_oip_rest(server, client):
     strings = ["Could not open file %s.", "Press <b>Enter</b> to continue."]
     texts = triton.InferInput("text", [2], "BYTES")
     texts.set_data_from_numpy(np.array(strings, dtype=object))
+    raw = client.infer("translator", [texts], parameters={"protect_placeholders": False}).as_numpy("translation")
+    native = httpx.post(server.url + "/translate", json={"texts": strings, "protect_placeholders": False}).json()
+    assert [text(v) for v in raw] == [r["translation"] for r in native["results"]]
     answered = [text(v) for v in client.infer("translator", [texts]).as_numpy("translation")]
     assert all(
         sorted(s.text for s in find_spans(a)) == sorted(s.text for s in find_spans(t))
