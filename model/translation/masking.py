@@ -21,7 +21,7 @@ from contract.placeholders import TRAINING_SENTINELS, TooManySpans, find_spans, 
 
 Pair = tuple[str, str]
 _SENTINEL = re.compile("|".join(re.escape(s) for s in sorted(TRAINING_SENTINELS, key=len, reverse=True)))
-_PERCENT_NAME = re.compile(r"%[A-Z]{3}[A-Z0-9_]*")  # three capitals: no printf conversion (%LA, %I64d) is one
+_PERCENT_NAME = re.compile(r"%[A-Z][A-Za-z]{2}\w*")  # a capital and two letters: no printf (%LA, %I64d) or strftime
 _HIDDEN = "\ufdd0"  # a noncharacter: stands for a set-aside %NAME while the rest is masked
 _GLUED = re.compile(rf"(?<=[^\W_])(?={_SENTINEL.pattern})|(?<=\u27e7)(?=[^\W_]|{_SENTINEL.pattern})")
 
@@ -57,7 +57,8 @@ def mask_pair(source: str, target: str, pool: Sequence[str] = TRAINING_SENTINELS
 
 def _hide_names(text: str) -> tuple[str, list[str]]:
     """``text`` with its ``%NAME`` placeholders set aside: LibreOffice's names (``%PRODUCTNAME``,
-    ``%LANGUAGENAME``) keep the old treatment, and their first letters are no printf conversion (``%LA``)."""
+    ``%LANGUAGENAME``, ``%Value``) keep the old treatment, and their first letters are no printf or
+    strftime conversion (``%LA``, ``%V``)."""
     return _PERCENT_NAME.sub(_HIDDEN, text), _PERCENT_NAME.findall(text)
 
 

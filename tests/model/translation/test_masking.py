@@ -42,6 +42,7 @@ def test_the_same_span_gets_the_same_sentinel_on_both_sides(pair, masked):
         ("%s%s too large", "%1$s%2$s zu groß"),  # rewritten as positional
         ("No placeholder here", "Kein Platzhalter"),
         ("The %LANGUAGENAME script", "Das %LANGUAGENAME-Skript"),
+        ("No property '%Value'", "Keine Eigenschaft '%Value'"),
         ("Open ⟦1⟧ %s", "Öffne ⟦1⟧ %s"),  # already holds a sentinel
         (" ".join(["%s"] * 17), " ".join(["%s"] * 17)),  # more spans than sentinels
     ],
