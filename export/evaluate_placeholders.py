@@ -12,8 +12,8 @@ text. Two ways to translate, so that the before and after of protected spans is 
 - ``--mode both``: one after the other, printed side by side.
 
 The references are judged too: they pass both judges by construction, so a failure there is a bug of
-the judges or of the set. ``--out FILE`` writes everything, each failure with its source, translation
-and reference, as JSON. The graphs run on onnxruntime's CPU provider, as the exporter runs them.
+the judges or of the set. ``--out FILE`` writes everything as JSON: per mode the figures, per tool
+the passes, every translation, and each failure with its source, translation and reference. The graphs run on onnxruntime's CPU provider, as the exporter runs them.
 """
 
 from __future__ import annotations
@@ -69,7 +69,13 @@ def evaluate_mode(
     report = judge(sources, hyps)
     for f in report["failures"]:
         f |= {"reference": refs[f["index"]], "domain": domains[f["index"]]}
-    return {**score(hyps, refs), "seconds": seconds, **report, "domains": by_domain(report, domains)}
+    return {
+        **score(hyps, refs),
+        "seconds": seconds,
+        **report,
+        "domains": by_domain(report, domains),
+        "translations": hyps,
+    }
 
 
 def row(name: str, r: dict) -> str:

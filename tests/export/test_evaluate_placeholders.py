@@ -47,6 +47,7 @@ def test_both_modes_in_one_run(data, tmp_path, monkeypatch, capsys):
     assert result["reference"]["span_agreement"]["percent"] == result["reference"]["msgfmt"]["percent"] == 100.0
     raw, perfect = result["modes"]["raw"], result["modes"]["protected"]
     assert perfect["span_agreement"]["passed"] == perfect["msgfmt"]["passed"] == 3 and perfect["bleu"] == 100.0
+    assert perfect["translations"] == [t for _, t in PAIRS] and len(raw["translations"]) == 3
     assert raw["sentences"] == 3 and {"bleu", "chrf", "seconds", "invented_n"} <= raw.keys()
     assert raw["domains"].keys() == {"coreutils", "gtk"} and raw["domains"]["coreutils"]["sentences"] == 2
     for f in raw["failures"]:
