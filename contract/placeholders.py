@@ -1,8 +1,8 @@
 """Protected spans: what a translation must carry over verbatim, masked before decoding and put back after.
 
 Software strings hold text that a program fills in or parses at run time: printf conversions
-(``%s``, ``%5.2f``, ``%1$s``, ``%(name)s``, ``%%``), any other ``%`` and letter (``%Y``, ``%_d``: dates),
-positional ``%1``, braces (``{name}``, ``{0}``,
+(``%s``, ``%5.2f``, ``%1$s``, ``%(name)s``, ``%%``), positional ``%1`` and ``%1%``, named
+``%PRODUCTNAME``, any other ``%`` and letter (``%Y``, ``%_d``: dates), braces (``{name}``, ``{0}``,
 ``{0:N2}``, ``{}``), XML/HTML tags and entities, backslash escapes (``\\n``, ``\\t``, ``\\x41``) and
 percent-encoded bytes (``%0A``). :func:`find_spans` finds them; :func:`mask` replaces each by a
 *sentinel*, a string the translator's tokenizer keeps as one token (the manifest names them), so the
@@ -41,7 +41,8 @@ _SPANS = re.compile(
          (?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGaAcspnm]   # C: %s %5.2f %ld %1$s %zu %m, %dx%d
     )
     | (?P<percent>%[0-9A-Fa-f]{2}(?![0-9A-Za-z]))                      # percent-encoded byte: %0A, %20
-    | (?P<positional>%L?\d{1,2}(?!\d))                                 # Qt/KDE positional: %1, %L1
+    | (?P<positional>%L?\d{1,2}(?:%(?![A-Za-z]))?(?!\d))                # Qt/KDE positional %1 %L1, Boost %1%
+    | (?P<name>%[A-Za-z_][A-Za-z0-9_]+%?)                              # a named variable: %PRODUCTNAME, %value
     | (?P<strftime>%[-_0^\#]?[EO]?[A-Za-z])                           # dates and others: %Y %H %_d %Oy %L
     | (?P<brace>\{\{|\}\}|\{[A-Za-z_0-9]*(?:[.\[][\w\]\[.]*)?(?:![rsa])?(?::[^{}\s]*)?\})  # {name} {0} {0:N2} {} {{
     | (?P<tag></?[A-Za-z][\w:.-]*(?:\s+[\w:.-]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'<>]+))?)*\s*/?>)
@@ -50,7 +51,7 @@ _SPANS = re.compile(
     """,
     re.VERBOSE,
 )
-KINDS = ("printf", "percent", "strftime", "positional", "brace", "tag", "entity", "escape")
+KINDS = ("printf", "percent", "positional", "name", "strftime", "brace", "tag", "entity", "escape")
 _TAG_NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
 
 
@@ -68,7 +69,9 @@ class Span:
     def sequential(self) -> bool:
         """Takes the next argument by its place (``%s``, ``{}``): keeps its order among the others."""
         if self.kind == "printf":  # %% and glibc's %m take no argument
-            return self.text not in ("%%", "%m") and not self.text.startswith("%(") and not re.match(r"%\d+\$", self.text)
+            return (
+                self.text not in ("%%", "%m") and not self.text.startswith("%(") and not re.match(r"%\d+\$", self.text)
+            )
         return self.kind == "brace" and self.text == "{}"
 
 

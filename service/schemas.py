@@ -192,7 +192,7 @@ class AlignmentSummary(BaseModel):
 
 class Placeholder(BaseModel):
     text: str = Field(description="The span as it stands in the source, carried over verbatim.")
-    kind: str = Field(description="printf, percent, strftime, positional, brace, tag, entity or escape.")
+    kind: str = Field(description="printf, percent, positional, name, strftime, brace, tag, entity or escape.")
     restored: bool = Field(description="It came back exactly once (always, unless the text was not protected).")
 
 

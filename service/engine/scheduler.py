@@ -28,7 +28,7 @@ from typing import Protocol
 from contract.decoding import DecodeBatch, DecodeRequest, concatenate, step
 from service.engine.admission import Admission
 from service.engine.batching import succeeded
-from service.errors import InvalidField
+from service.errors import InvalidField, TextTooLong
 from service.observers import UNOBSERVED
 from service.translator import Translator
 
@@ -111,6 +111,11 @@ class Scheduler:
         rows = sum(r.beam for r in requests)
         if any(r.beam > self.max_running_rows for r in requests):
             raise InvalidField(f"beam_size exceeds the {self.max_running_rows} rows this model decodes at once")
+        if rows > self.max_waiting_rows:  # would never fit: no retry helps
+            raise TextTooLong(
+                f"the request's {len(requests)} sentences need {rows} decoder rows (beam_size each); this model "
+                f"queues at most {self.max_waiting_rows}: send fewer texts or a smaller beam"
+            )
         if self.waiting_rows + rows > self.max_waiting_rows:
             raise self._admission.overloaded(self.waiting_rows, self.max_waiting_rows, "sequences")
         loop = asyncio.get_running_loop()

@@ -34,6 +34,7 @@ POOL = tuple("XYZQJK")
         (r"line\nnext\ttab \x41 \\", [r"\n", r"\t", r"\x41", "\\\\"], "escape"),
         ("a%20b and %0A", ["%20", "%0A"], None),
         ("%Y-%m-%d %H:%M, %_d %Oy", ["%Y", "%m", "%d", "%H", "%M", "%_d", "%Oy"], None),
+        ("%PRODUCTNAME and %value, Boost %1% and %2%", ["%PRODUCTNAME", "%value", "%1%", "%2%"], None),
     ],
 )
 def test_each_kind_of_span_is_found_verbatim(text, spans, kind):
