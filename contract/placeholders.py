@@ -38,7 +38,8 @@ _SPANS = re.compile(
     (?P<printf>%%                                                     # a literal percent sign, as printf writes it
       | %\([A-Za-z_][\w.-]*\)[-+0\#]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]  # Python named: %(name)s
       | %(?:\d+\$)?[-+0\#']*(?:\d+|\*(?:\d+\$)?)?(?:\.(?:\d+|\*(?:\d+\$)?))?
-         (?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGaAcspnm]   # C: %s %5.2f %ld %1$s %zu %m, %dx%d
+         (?:(?:hh|h|ll|l|L|q|j|z|Z|t|I64|I32|I)?[diouxXeEfFgGaAcspnm]  # C: %s %5.2f %ld %1$s %zu %m, %dx%d
+           | <PRI\w+>)                                                # <inttypes.h> in gettext: %<PRIdMAX>
     )
     | (?P<percent>%[0-9A-Fa-f]{2}(?![0-9A-Za-z]))                      # percent-encoded byte: %0A, %20
     | (?P<positional>%L?\d{1,2}(?:%(?![A-Za-z]))?(?!\d))                # Qt/KDE positional %1 %L1, Boost %1%
