@@ -22,6 +22,7 @@ import pytest
 from attnserve_client import po
 from attnserve_client.cli import main
 
+from contract.placeholders import find_spans
 from model.translation import debian
 
 PACKAGE = "python3-wtforms"
@@ -108,3 +109,39 @@ def test_the_sdk_fills_the_same_catalog(api, template, translated):
     result = api.translate_po(template)
     assert result.summary.filled == result.summary.entries and result.summary.failed == 0
     assert str(result.catalog) == str(polib.pofile(str(translated[0])))
+
+
+@pytest.fixture(scope="module")
+def c_template(tmp_path_factory) -> Path:
+    """A C program's catalog: the first 60 messages with printf conversions of coreutils' German catalog
+    (Debian's ``coreutils`` package, its ``.mo`` read back by ``msgunfmt``), their translations taken out
+    and flagged ``c-format`` as xgettext flags them, so that ``msgfmt`` checks every conversion."""
+    needed(shutil.which("msgunfmt") is not None, "msgunfmt (Debian's gettext; make system-deps)")
+    needed(shutil.which("apt-get") is not None and shutil.which("dpkg") is not None, "apt-get or dpkg")
+    try:
+        unpacked = debian.fetch("coreutils", tmp_path_factory.mktemp("coreutils-cache"))
+    except debian.PackageError as e:
+        needed(False, f"coreutils ({e})")
+    folder = tmp_path_factory.mktemp("c-po")
+    mo = unpacked.root / "usr/share/locale/de/LC_MESSAGES/coreutils.mo"
+    subprocess.run(["msgunfmt", str(mo), "-o", str(folder / "shipped.po")], check=True, timeout=60)
+    template = polib.POFile()
+    template.metadata = {"Content-Type": "text/plain; charset=UTF-8", "Language": "de"}
+    template.metadata["Plural-Forms"] = "nplurals=2; plural=(n != 1);"
+    for entry in polib.pofile(str(folder / "shipped.po")):
+        if entry.msgid and not entry.msgid_plural and any(s.kind == "printf" for s in find_spans(entry.msgid)):
+            template.append(polib.POEntry(msgid=entry.msgid, msgstr="", flags=["c-format"]))
+        if len(template) == 60:
+            break
+    template.save(str(folder / "coreutils.pot"))
+    return folder / "coreutils.pot"
+
+
+def test_a_c_programs_catalog_keeps_every_conversion(c_template, server, tmp_path):
+    output = tmp_path / "de.po"
+    assert main(["--base-url", server.url, "po", "translate", str(c_template), "-o", str(output)]) == 0
+    check = msgfmt("--check", "--use-fuzzy", "-o", os.devnull, str(output))
+    assert check.returncode == 0, check.stderr
+    for entry in polib.pofile(str(output)):
+        assert "fuzzy" in entry.flags and entry.msgstr
+        assert sorted(s.text for s in find_spans(entry.msgstr)) == sorted(s.text for s in find_spans(entry.msgid))
