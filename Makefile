@@ -12,8 +12,12 @@ TRANSLATOR_RECIPE ?= --oversample ding=3 --oversample tuxpaint=3# train-translat
 RUNTIME ?= cpu# onnxruntime flavour for `make install`/`serve`: cpu or gpu
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
+# LibreTranslate, the server bench_libretranslate compares ours with: an environment of its own (it pins
+# numpy < 2 and Flask 2.2); the version is in the stamp's name, so changing it rebuilds the environment
+LT_VENV    ?= .venv-libretranslate
+LT_VERSION := 1.9.6
 
-.PHONY: help install install-dev system-deps data corpus heldout heldout-placeholders train export train-translator export-translator import-hf int8 models serve lint test test-all bench docs clean
+.PHONY: help install install-dev system-deps data corpus heldout heldout-placeholders train export train-translator export-translator import-hf int8 libretranslate models serve lint test test-all bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,7 +41,18 @@ $(VENV)/.export: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.serve  ## serving runtime only (no torch) in .venv
 
-install-dev: $(VENV)/.dev data system-deps  ## training, export and test dependencies + datasets
+install-dev: $(VENV)/.dev $(LT_VENV)/.libretranslate-$(LT_VERSION) data system-deps  ## training, export and test dependencies + datasets
+
+# The resolver's own choice of LibreTranslate's dependencies (about a minute, 590 MB, no torch: argos-translate
+# 1.12 splits sentences with minisbd on onnxruntime, stanza is only its dev extra). A --no-deps list would save
+# 34 MB (6%) and need every transitive pin by hand: LibreTranslate imports PyMuPDF (its PDF translation) at start.
+$(LT_VENV)/.libretranslate-$(LT_VERSION):
+	rm -rf $(LT_VENV)
+	$(PYTHON) -m venv $(LT_VENV)
+	$(LT_VENV)/bin/python -m pip install --disable-pip-version-check -q libretranslate==$(LT_VERSION)
+	@touch $@
+
+libretranslate: $(LT_VENV)/.libretranslate-$(LT_VERSION)  ## LibreTranslate 1.9 in .venv-libretranslate, for bench_libretranslate (install-dev makes it)
 
 # Debian packages the tests drive for real: a Redis server (shared attention store), a browser
 # (the web page's end-to-end test), Docker's engine, Compose v1 and mmdebstrap (the images are built

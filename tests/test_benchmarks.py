@@ -7,6 +7,7 @@ be a positive number of its unit in a range no working measurement leaves.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -97,6 +98,50 @@ def test_bench_ctranslate2_checks_parity_then_compares_every_configuration(tiny_
         for ours, _, theirs, _, ratio in (cells_of_row[:5], cells_of_row[5:]):  # fp32 against fp32, int8 against int8
             ours, theirs = (float(x.replace(",", "")) for x in (ours, theirs))
             assert min(ours, theirs) > 1 and float(ratio) == pytest.approx(ours / theirs, rel=0.05, abs=0.01)
+
+
+def test_bench_libretranslate_compares_both_servers_on_the_same_weights(tiny_translator_repository):
+    """Our service and LibreTranslate (its own environment, ``make libretranslate``; ``make install-dev``
+    builds it) on the tiny translator, both on 127.0.0.1: each load's figures for both, their ratio, the
+    CTranslate2 ceiling, how many translations agree and both servers' RSS."""
+    from benchmarks.bench_libretranslate_servers import LT_PYTHON
+
+    if not LT_PYTHON.is_file():
+        message = f"{LT_PYTHON} is missing: make libretranslate (make install-dev builds it)"
+        if os.environ.get("CI") == "true":  # make test runs make install-dev first: a missing one is a fault
+            pytest.fail(message)
+        pytest.skip(message)
+    args = ("--rounds", "1", "--duration", "1", "--clients", "2", "--messages", "8", "--lt-settings", "1x1x2")
+    proc = run_module(
+        "benchmarks.bench_libretranslate", "--repository", str(tiny_translator_repository), *args, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    loads = [f"{search}, 2 clients: " for search in ("greedy", "beam 4")]
+    assert_sane_figures(proc.stdout, tuple(f"{load}{who}" for load in loads for who in ("attnserve", "LibreTranslate")))
+    for load in loads:
+        served = re.findall(rf"^{load}(?:attnserve|LibreTranslate) +([\d,.]+) req/s", proc.stdout, re.MULTILINE)
+        ratio = re.search(rf"^{load}attnserve / LibreTranslate (\d+\.\d+)x \(rounds", proc.stdout, re.MULTILINE)
+        assert len(served) == 2 and ratio, proc.stdout
+        ours, theirs = (float(x.replace(",", "")) for x in served)
+        assert float(ratio[1]) == pytest.approx(ours / theirs, rel=0.02, abs=0.01)
+    ceilings = re.findall(
+        r"^CTranslate2 ceiling, (greedy|beam 4): .*: ([\d,.]+) sentences/s .*attnserve ([\d.]+)x, LibreTranslate ([\d.]+)x$",
+        proc.stdout,
+        re.MULTILINE,
+    )
+    assert [c[0] for c in ceilings] == ["greedy", "beam 4"], proc.stdout
+    assert all(float(c[1].replace(",", "")) > 1 and 0 < float(c[2]) and 0 < float(c[3]) for c in ceilings)
+    same = dict(
+        re.findall(
+            r"^(greedy|beam 4) translations identical, attnserve and LibreTranslate: (\d+)/8;",
+            proc.stdout,
+            re.MULTILINE,
+        )
+    )
+    assert set(same) == {"greedy", "beam 4"}, proc.stdout
+    rss = re.findall(r"^  (attnserve|lt-1x1x2-beam[14]): ([\d,.]+) -> ([\d,.]+) MiB$", proc.stdout, re.MULTILINE)
+    assert sorted(name for name, *_ in rss) == ["attnserve", "lt-1x1x2-beam1", "lt-1x1x2-beam4"], proc.stdout
+    assert all(20 < float(x.replace(",", "")) < 10_000 for _, *values in rss for x in values)
 
 
 def test_bench_attention_runs_and_prints_its_table(tiny_vit_repository, tiny_translator_repository, tmp_path):
