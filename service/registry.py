@@ -23,7 +23,7 @@ from service.engine.batching import Batcher, Intake
 from service.engine.scheduler import Scheduler
 from service.errors import ModelNotFound, ModelNotReady
 from service.metrics import Metrics
-from service.runtime import RuntimeUnavailable, SharedWeights, create_session
+from service.runtime import RuntimeUnavailable, SharedWeights, create_session, decoding_lanes
 from service.settings import Settings
 from service.translator import TASK as TRANSLATION
 from service.translator import Translator
@@ -268,6 +268,7 @@ class Registry:
             max_waiting_rows=s.max_waiting_sequences,
             retry_after_s=s.retry_after_s,
             observer=self.metrics.for_decoder(model.name, model.version),
+            lanes=decoding_lanes(s, translator.provider),
         )
         model.scheduler.start()
         self._mark_ready(model)

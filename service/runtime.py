@@ -108,6 +108,17 @@ def intra_op_threads(settings: Settings) -> int:
     )
 
 
+def decoding_lanes(settings: Settings, provider: str) -> int:
+    """The configured count, or on the CPU as many lanes as the available cores hold intra-op pools (each lane
+    runs the model's sessions from its own thread), one on a GPU, whose one stream the lanes would share."""
+    if settings.decoding_lanes:
+        return settings.decoding_lanes
+    if provider == CUDA:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    return max(1, cores // intra_op_threads(settings))
+
+
 def session_options(settings: Settings) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = _OPTIMIZATION_LEVELS[settings.graph_optimization_level]

@@ -184,6 +184,14 @@ class Settings(BaseSettings):
     max_running_sequences: int = Field(
         64, ge=1, le=4096, description="Translation: most decoder rows in the running batch (a beam of k takes k rows)."
     )
+    decoding_lanes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Translation: decoding loops per model, each with its own running batch (of up to "
+        "`max_running_sequences` rows) and thread, sharing the queue, the sessions and so the weights; 0: on the "
+        "CPU one per `intra_op_threads` of the available cores (two on two cores), one on a GPU.",
+    )
     max_waiting_sequences: int = Field(
         512, ge=1, description="Translation: most decoder rows waiting to join the running batch (503 beyond)."
     )

@@ -1,11 +1,17 @@
 """Continuous (iteration-level) batching for the translator, after TGI's router.
 
-One asyncio task per model owns the running :class:`~contract.decoding.DecodeBatch` and a bounded
-FIFO of waiting requests. Between two decoder steps it admits waiting requests while the running
-batch has rows free (their encodings are computed together and concatenated onto the batch) and
-hands back the requests that finished; so a short sentence never waits for a long one, and a new
-one starts at the next step instead of after the whole batch. Encoder and decoder runs happen on
-one dedicated thread, never on the event loop. A beam-search request takes ``beam`` rows.
+A model's scheduler holds a bounded FIFO of waiting requests and one or more *lanes*: a lane is an
+asyncio task that owns a running :class:`~contract.decoding.DecodeBatch` and a thread that steps it.
+Between two decoder steps a lane admits waiting requests while its batch has rows free (their
+encodings are computed together and concatenated onto the batch) and hands back the requests that
+finished; so a short sentence never waits for a long one, and a new one starts at the next step
+instead of after the whole batch. Encoder and decoder runs happen on the lanes' threads, never on
+the event loop. A beam-search request takes ``beam`` rows. Lanes share the model's sessions
+(onnxruntime runs a session from several threads at once), so with one intra-op thread each, two
+lanes decode on two cores with one copy of the weights. A submission (all the sentences of one HTTP
+request) goes whole to the lane with the fewest rows running and waiting, so a text's sentences are
+rows of one batch and a request decodes as it would alone; a lane that runs dry takes the oldest
+submission waiting for a busy one.
 
 A request whose client went away is marked ``cancelled`` by its handler and leaves the batch at the
 next step, freeing its rows (a beam all of them). So does a request whose deadline passed, marked by
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -25,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from contract.decoding import DecodeBatch, DecodeRequest, concatenate, step
+from contract.decoding import Batch, DecodeBatch, DecodeRequest, concatenate, step
 from service.engine.admission import Admission
 from service.engine.batching import succeeded
 from service.errors import InvalidField, TextTooLong
@@ -62,12 +69,31 @@ class Ticket:
     started_at: float | None = None
     first_token_at: float | None = None
     streamed: int = 0
+    group: int = 0  # the submission it came in: a submission's tickets decode in one lane
 
     def cancel(self) -> None:
         self.request.cancelled = True
 
     def past_deadline(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
+
+
+@dataclass(eq=False)
+class Lane:
+    """One decoding loop: its running batch, the tickets decoding in it, and the thread that steps it."""
+
+    executor: ThreadPoolExecutor
+    batch: Batch | None = None
+    rows: int = 0
+    running: dict[int, Ticket] = field(default_factory=dict)
+    waiting: deque[Ticket] = field(default_factory=deque)
+    waiting_rows: int = 0
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+    @property
+    def load(self) -> int:
+        return self.rows + self.waiting_rows
 
 
 class Scheduler:
@@ -80,22 +106,38 @@ class Scheduler:
         max_waiting_rows: int,
         retry_after_s: int = 1,
         observer: DecodeObserver | None = None,
+        lanes: int = 1,
     ) -> None:
-        if max_running_rows < 1 or max_waiting_rows < 1:
-            raise ValueError("max_running_rows and max_waiting_rows must be >= 1")
+        if max_running_rows < 1 or max_waiting_rows < 1 or lanes < 1:
+            raise ValueError("max_running_rows, max_waiting_rows and lanes must be >= 1")
         self.name = name
         self.translator = translator
-        self.max_running_rows = max_running_rows
+        self.max_running_rows = max_running_rows  # per lane
         self.max_waiting_rows = max_waiting_rows
         self._observer = observer or UNOBSERVED
         self._admission = Admission(name, retry_after_s, self._observer)
-        self._waiting: deque[Ticket] = deque()
-        self._running: dict[int, Ticket] = {}
-        self.waiting_rows = 0
-        self.running_rows = 0
-        self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{name}")
-        self._task: asyncio.Task | None = None
+        self._groups = itertools.count()
+        self.lanes = [
+            Lane(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{name}" + (f"-{i}" if i else "")))
+            for i in range(lanes)
+        ]
+
+    @property
+    def running_rows(self) -> int:
+        return sum(lane.rows for lane in self.lanes)
+
+    @property
+    def waiting_rows(self) -> int:
+        return sum(lane.waiting_rows for lane in self.lanes)
+
+    @property
+    def _waiting(self) -> list[Ticket]:
+        return [t for lane in self.lanes for t in lane.waiting]
+
+    @property
+    def _running(self) -> dict[int, Ticket]:
+        """Every lane's decoding tickets by request id."""
+        return {i: t for lane in self.lanes for i, t in lane.running.items()}
 
     # ---- handle side -----------------------------------------------------------------------------
     def submit(
@@ -119,16 +161,21 @@ class Scheduler:
         if self.waiting_rows + rows > self.max_waiting_rows:
             raise self._admission.overloaded(self.waiting_rows, self.max_waiting_rows, "sequences")
         loop = asyncio.get_running_loop()
-        tickets = [Ticket(r, loop.create_future(), asyncio.Queue() if stream else None, deadline) for r in requests]
+        group = next(self._groups)
+        tickets = [
+            Ticket(r, loop.create_future(), asyncio.Queue() if stream else None, deadline, group=group)
+            for r in requests
+        ]
         if deadline is not None:
             for t in tickets:
                 t.timer = loop.call_later(deadline - time.monotonic(), self._expire, t)
         for t in tickets:
             t.future.add_done_callback(self._answered_after(t))
-        self._waiting.extend(tickets)
-        self.waiting_rows += rows
+        lane = min(self.lanes, key=lambda lane: lane.load)  # the first of the least loaded
+        lane.waiting.extend(tickets)
+        lane.waiting_rows += rows
         self._observer.occupancy(self.running_rows, self.waiting_rows)
-        self._wakeup.set()
+        lane.wakeup.set()
         return tickets
 
     def _answered_after(self, ticket: Ticket) -> Callable[[asyncio.Future], None]:
@@ -145,7 +192,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing waiting and nothing decoding: a model version being retired has drained."""
-        return not self._waiting and not self._running
+        return not any(lane.waiting or lane.running for lane in self.lanes)
 
     def state(self) -> dict:
         """What runs and waits now: for ``GET /models`` and for tests."""
@@ -156,72 +203,98 @@ class Scheduler:
             "waiting_rows": self.waiting_rows,
             "max_running_rows": self.max_running_rows,
             "max_waiting_rows": self.max_waiting_rows,
+            "lanes": len(self.lanes),
         }
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"scheduler-{self.name}")
+        loop = asyncio.get_running_loop()
+        for i, lane in enumerate(self.lanes):
+            lane.task = loop.create_task(self._loop(lane), name=f"scheduler-{self.name}-{i}")
 
     async def stop(self) -> None:
         self._admission.closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._fail(list(self._waiting) + list(self._running.values()), self._admission.shutting_down())
-        self._waiting.clear()
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        for lane in self.lanes:
+            if lane.task is not None:
+                lane.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await lane.task
+        self._fail(self._waiting + list(self._running.values()), self._admission.shutting_down())
+        for lane in self.lanes:
+            lane.waiting.clear()
+            lane.waiting_rows = 0
+        for lane in self.lanes:
+            await asyncio.to_thread(lane.executor.shutdown, wait=True)
 
     # ---- worker side -----------------------------------------------------------------------------
-    def _room_for(self, request: DecodeRequest) -> bool:
-        """Whether a waiting request may join the running batch now: continuous batching, as rows free up."""
-        return self.running_rows + request.beam <= self.max_running_rows
+    def _room_for(self, lane: Lane, request: DecodeRequest) -> bool:
+        """Whether a waiting request may join the lane's batch now: continuous batching, as rows free up."""
+        return lane.rows + request.beam <= self.max_running_rows
 
-    def _joinable(self) -> bool:
+    def _joinable(self, lane: Lane) -> bool:
         """Whether decoding hands back to the loop between steps so that waiting requests join.
 
-        Called on the worker thread: a deque's length is read atomically."""
-        return bool(self._waiting)
+        Called on the lane's thread: a deque's length is read atomically."""
+        return bool(lane.waiting)
 
-    def _admit(self) -> list[Ticket]:
-        """Waiting tickets that fit the rows free now, in FIFO order; cancelled ones are dropped, and so
-        are those past their deadline whose timer the event loop has not fired yet."""
+    def _steal(self, lane: Lane) -> None:
+        """An idle lane takes the oldest submission waiting for a busy lane, whole (its sentences stay together)."""
+        busy = [other for other in self.lanes if other is not lane and other.batch is not None and other.waiting]
+        if not busy:
+            return
+        victim = max(busy, key=lambda other: other.waiting_rows)
+        group = victim.waiting[0].group
+        if any(t.group == group for t in victim.running.values()):
+            return  # begun there: its other sentences join the same batch
+        while victim.waiting and victim.waiting[0].group == group:
+            ticket = victim.waiting.popleft()
+            victim.waiting_rows -= ticket.request.beam
+            lane.waiting.append(ticket)
+            lane.waiting_rows += ticket.request.beam
+
+    def _admit(self, lane: Lane) -> list[Ticket]:
+        """The lane's waiting tickets that fit its rows free now, in FIFO order; cancelled ones are dropped, and
+        so are those past their deadline whose timer the event loop has not fired yet."""
         joining: list[Ticket] = []
         now = time.monotonic()
-        while self._waiting:
-            head = self._waiting[0]
+        while lane.waiting:
+            head = lane.waiting[0]
             if head.past_deadline(now):
                 self._expire(head)
                 continue
             if head.request.cancelled:
-                self._waiting.popleft()
-                self.waiting_rows -= head.request.beam
+                lane.waiting.popleft()
+                lane.waiting_rows -= head.request.beam
                 self._observer.cancelled()
                 self._resolve(head)
                 continue
-            if not self._room_for(head.request):
+            if not self._room_for(lane, head.request):
                 break
-            self._waiting.popleft()
-            self.waiting_rows -= head.request.beam
-            self.running_rows += head.request.beam
+            lane.waiting.popleft()
+            lane.waiting_rows -= head.request.beam
+            lane.rows += head.request.beam
             joining.append(head)
         return joining
 
-    async def _loop(self) -> None:
+    async def _loop(self, lane: Lane) -> None:
         loop = asyncio.get_running_loop()
-        batch: DecodeBatch | None = None
         while True:
-            if batch is None and not self._waiting:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+            if lane.batch is None and not lane.waiting:
+                self._steal(lane)
+            if lane.batch is None and not lane.waiting:
+                lane.wakeup.clear()
+                await lane.wakeup.wait()
                 continue
-            joining = self._admit()
-            if batch is None and not joining:
+            joining = self._admit(lane)
+            if lane.batch is None and not joining:
                 continue
-            batch = await self._hop(loop, batch, joining)
+            lane.batch = await self._hop(loop, lane, joining)
             self._observer.occupancy(self.running_rows, self.waiting_rows)
+            if lane.batch is None:
+                for other in self.lanes:  # this lane ran dry: one that sleeps may steal what waits
+                    other.wakeup.set()
 
     def _work(
-        self, batch: DecodeBatch | None, joining: list[DecodeRequest], streaming: bool
+        self, lane: Lane, joining: list[DecodeRequest], streaming: bool
     ) -> tuple[BaseException | None, list[DecodeRequest], DecodeBatch | None, list[tuple[int, float, int, float]]]:
         """One hop of the worker thread: encode the joining requests onto the batch, then decoder steps.
 
@@ -229,7 +302,7 @@ class Scheduler:
         answer. Encoding, joining and the first steps share a hop: each thread hop costs the event
         loop a wake-up, and joining on the loop held the GIL while every running cache was copied.
         """
-        error = None
+        error, batch = None, lane.batch
         if joining:
             try:
                 room = self.max_running_rows if batch is None else None  # a joining batch's rows are copied
@@ -240,10 +313,10 @@ class Scheduler:
                 batch = new if batch is None else concatenate(batch, new, room=self.max_running_rows)
         if batch is None:
             return error, [], None, []
-        return (error, *self._steps(batch, streaming))
+        return (error, *self._steps(lane, batch, streaming))
 
     def _steps(
-        self, batch: DecodeBatch, streaming: bool
+        self, lane: Lane, batch: DecodeBatch, streaming: bool
     ) -> tuple[list[DecodeRequest], DecodeBatch, list[tuple[int, float, int, float]]]:
         """Decoder steps on the worker thread until the event loop has something to do: a request
         finished or was cancelled, requests wait to join, a stream has a token to send (or its
@@ -257,7 +330,7 @@ class Scheduler:
             finished, batch = step(batch, self.translator.decoder, self.translator.spec)
             now = time.perf_counter()
             steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished), now))
-            joinable = self._joinable()
+            joinable = self._joinable(lane)
             if (
                 finished
                 or not len(batch)
@@ -268,23 +341,23 @@ class Scheduler:
             ):
                 return finished, batch, steps
 
-    async def _hop(self, loop, batch: DecodeBatch | None, joining: list[Ticket]) -> DecodeBatch | None:
+    async def _hop(self, loop, lane: Lane, joining: list[Ticket]) -> Batch | None:
         now = time.perf_counter()
         for t in joining:
             t.started_at = now
-            self._running[t.request.id] = t
-        streaming = any(t.events is not None for t in self._running.values())
+            lane.running[t.request.id] = t
+        streaming = any(t.events is not None for t in lane.running.values())
         try:
             error, finished, batch, steps = await loop.run_in_executor(
-                self._executor, self._work, batch, [t.request for t in joining], streaming
+                lane.executor, self._work, lane, [t.request for t in joining], streaming
             )
         except asyncio.CancelledError:
             raise  # stop() fails what runs and waits
         except Exception:
-            tickets = list(self._running.values())
+            tickets = list(lane.running.values())
             log.exception("decoder step failed in model %s; failing its %d running requests", self.name, len(tickets))
-            self._running.clear()
-            self.running_rows = 0
+            lane.running.clear()
+            lane.rows = 0
             self._fail(tickets, self._admission.failed())
             return None
         if error is not None:
@@ -295,8 +368,8 @@ class Scheduler:
                 exc_info=error,
             )
             for t in joining:
-                self._running.pop(t.request.id, None)
-            self.running_rows -= sum(t.request.beam for t in joining)
+                lane.running.pop(t.request.id, None)
+            lane.rows -= sum(t.request.beam for t in joining)
             self._fail(joining, self._admission.failed())
         elif steps:  # the joining requests' first token came from the hop's first step
             for t in joining:
@@ -305,8 +378,8 @@ class Scheduler:
         for rows, seconds, tokens, _ in steps:
             self._observer.step(rows, seconds, tokens)
         for req in finished:
-            ticket = self._running.pop(req.id)
-            self.running_rows -= req.beam
+            ticket = lane.running.pop(req.id)
+            lane.rows -= req.beam
             if req.cancelled:
                 self._observer.cancelled()
             else:
@@ -322,7 +395,7 @@ class Scheduler:
         if batch is None or not len(batch):
             return None
         for req in batch.requests:
-            self._stream(self._running[req.id], now, finished=False)
+            self._stream(lane.running[req.id], now, finished=False)
         return batch
 
     def _stream(self, ticket: Ticket, now: float, finished: bool) -> None:
@@ -343,9 +416,10 @@ class Scheduler:
         ticket.cancel()
         if not ticket.future.done():
             self._fail([ticket], self._admission.deadline_exceeded())
-        if ticket in self._waiting:
-            self._waiting.remove(ticket)
-            self.waiting_rows -= ticket.request.beam
+        lane = next((lane for lane in self.lanes if ticket in lane.waiting), None)
+        if lane is not None:
+            lane.waiting.remove(ticket)
+            lane.waiting_rows -= ticket.request.beam
             self._observer.cancelled()
             self._resolve(ticket)
             self._observer.occupancy(self.running_rows, self.waiting_rows)

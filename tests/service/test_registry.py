@@ -27,6 +27,7 @@ from service.classifier import Classifier
 from service.errors import ModelNotFound, ModelNotReady, ShuttingDown
 from service.metrics import Metrics
 from service.registry import SERVED_TASKS, Registry, Status
+from service.runtime import decoding_lanes
 from service.settings import Settings
 from service.translator import Limits
 from tests.conftest import SHIPPED_TRANSLATOR
@@ -304,6 +305,7 @@ def test_describe_gives_what_a_client_needs_for_each_model():
             "waiting_rows": 0,
             "max_running_rows": 1,
             "max_waiting_rows": 512,
+            "lanes": decoding_lanes(Settings(**SMALL), CPU),  # one per core, as intra_op_threads is 1
         },
     }
 

@@ -10,7 +10,7 @@ import pytest
 
 from contract.decoding import DecodeRequest
 from service.engine.scheduler import Scheduler
-from service.errors import DeadlineExceeded, InferenceFailed, InvalidField, Overloaded
+from service.errors import DeadlineExceeded, InferenceFailed, InvalidField, Overloaded, TextTooLong
 from tests.contract.test_decoding import EOS, LONG, SPEC, TRAP, A, B, bigram_graphs
 
 
@@ -153,7 +153,7 @@ def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeyp
 
     async def body(sched):
         real = sched._steps
-        sched._steps = lambda batch, streaming: hops.append(1) or real(batch, streaming)
+        sched._steps = lambda lane, batch, streaming: hops.append(1) or real(lane, batch, streaming)
         (ticket,) = sched.submit([DecodeRequest([B, EOS], 40)])  # B -> LONG: 40 tokens, no early end
         return await ticket.future
 
@@ -255,3 +255,74 @@ def test_a_spent_deadline_never_takes_a_row():
 async def wait_until_idle(sched) -> None:
     while not sched.idle:
         await asyncio.sleep(0.01)
+
+
+class ThreadRecordingTranslator(BigramTranslator):
+    """Remembers which threads ran the decoder, and how many ran it at once at most."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[str] = set()
+        self._inside, self.most_at_once = 0, 0
+        self._lock = threading.Lock()
+
+    def decoder(self, feeds):
+        with self._lock:
+            self.threads.add(threading.current_thread().name)
+            self._inside += 1
+            self.most_at_once = max(self.most_at_once, self._inside)
+        time.sleep(0.002)  # a step takes time, as a real one does (and releases the GIL, as onnxruntime does)
+        try:
+            return super().decoder(feeds)
+        finally:
+            with self._lock:
+                self._inside -= 1
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_lanes_share_the_work_decode_at_once_and_give_what_one_lane_gives(lanes):
+    """Each submission goes to the lane with the fewest rows; the lanes' threads step their batches at the
+    same time; every request gets the tokens and scores it gets from a single lane."""
+    requests = [(B, 30, 1), (A, 10, 2), (B, 25, 1), (A, 12, 1), (B, 40, 3), (A, 8, 1)]
+
+    async def body(sched):
+        tickets = [sched.submit([DecodeRequest([src, EOS], n, beam=beam)])[0] for src, n, beam in requests]
+        await asyncio.sleep(0.01)
+        busy = [lane.rows for lane in sched.lanes]
+        done = await asyncio.gather(*(t.future for t in tickets))
+        return [[(h.tokens, h.score) for h in r.results()] for r in done], busy, sched.idle, sched.state()
+
+    translator = ThreadRecordingTranslator()
+    got, busy, idle, state = run(with_scheduler(body, translator, lanes=lanes))
+    alone, *_ = run(with_scheduler(body, BigramTranslator(), lanes=1))
+    assert got == alone and idle and state["lanes"] == lanes and state["running_rows"] == 0
+    assert len(translator.threads) == lanes and all(t.startswith("ort-t") for t in translator.threads)
+    assert all(rows > 0 for rows in busy)  # every lane took some of the requests
+    assert translator.most_at_once == lanes  # and they decoded at the same time
+
+
+def test_a_request_that_could_never_fit_the_queue_is_refused_as_too_large():
+    async def body(sched):
+        with pytest.raises(TextTooLong, match="need 20 decoder rows"):
+            sched.submit([DecodeRequest([A, EOS], 5, beam=4)] * 5)
+        return sched.state()
+
+    assert run(with_scheduler(body, max_running_rows=8, max_waiting_rows=16))["waiting_rows"] == 0
+
+
+def test_a_submissions_sentences_go_to_one_lane_and_a_lane_that_runs_dry_takes_waiting_work():
+    """One row per lane: a long request holds lane 0, a shorter one lane 1, a submission of two sentences
+    waits for lane 0 (both lanes as loaded, the first wins); lane 1, done with its own, takes it whole, so
+    it finishes long before lane 0 is free."""
+
+    async def body(sched):
+        first = sched.lanes[0]
+        long = sched.submit([DecodeRequest([B, EOS], 300)])[0]
+        short = sched.submit([DecodeRequest([B, EOS], 30)])[0]
+        group = sched.submit([DecodeRequest([A, EOS], 10), DecodeRequest([B, EOS], 20)])
+        queued = [t in first.waiting for t in group]
+        await asyncio.gather(short.future, *(t.future for t in group))
+        return queued, long.future.done()
+
+    queued, long_done = run(with_scheduler(body, ThreadRecordingTranslator(), lanes=2, max_running_rows=1))
+    assert queued == [True, True] and not long_done
