@@ -3,7 +3,7 @@
 What a user who wants a self-hosted translation API installs today is LibreTranslate: Flask behind
 waitress, in front of CTranslate2 through argos-translate, one ``translate_batch`` per request and no
 batching across requests. This measures our service against it on our own translator, in one run
-(about 12 minutes with the defaults):
+(about 14 minutes with the defaults):
 
 1. it builds an Argos Translate package of the entry (``bench_libretranslate_servers.argos_package``:
    ``ctranslate2_model.convert``, our SentencePiece model, en->de metadata) in a temporary folder;
