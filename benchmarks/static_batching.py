@@ -13,14 +13,14 @@ import sys
 from contract.decoding import DecodeRequest
 from service import registry
 from service.__main__ import main as serve
-from service.engine.scheduler import Scheduler
+from service.engine.scheduler import Lane, Scheduler
 
 
 class StaticScheduler(Scheduler):
-    def _room_for(self, request: DecodeRequest) -> bool:
-        return not self._running and super()._room_for(request)
+    def _room_for(self, lane: Lane, request: DecodeRequest) -> bool:
+        return not lane.running and super()._room_for(lane, request)
 
-    def _joinable(self) -> bool:
+    def _joinable(self, lane: Lane) -> bool:
         return False
 
 
