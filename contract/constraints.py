@@ -78,11 +78,11 @@ class Constraint:
     after: tuple[tuple[int, ...], ...]
     banned: np.ndarray  # never allowed (guarded pieces the masked source has no use for)
     eos: int
-    _token_span: dict[int, int] = field(init=False, repr=False)
+    span_of: dict[int, int] = field(init=False, repr=False)  # token id -> the span whose sentinel it spells
     _masks: dict[tuple[int, bool], np.ndarray] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._token_span = {t: i for i, ids in enumerate(self.ids) for t in ids}
+        self.span_of = {t: i for i, ids in enumerate(self.ids) for t in ids}
         self.complete = (1 << len(self.ids)) - 1
 
     @classmethod
@@ -98,7 +98,7 @@ class Constraint:
 
     def placed(self, state: int, token: int) -> int:
         """The set of placed spans after ``token``."""
-        span = self._token_span.get(token)
+        span = self.span_of.get(token)
         return state if span is None else state | (1 << span)
 
     def missing(self, state: int) -> int:

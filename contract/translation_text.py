@@ -98,7 +98,7 @@ def render(tokenizer, tokens: Sequence[int], sentence: Sentence) -> Rendered:
     """A sentence's generated ids as text, its spans in place of their sentinels."""
     if sentence.constraint is None:
         return Rendered(tokenizer.decode(tokens))
-    span_of = {t: i for i, ids in enumerate(sentence.constraint.ids) for t in ids}
+    span_of = sentence.constraint.span_of
     parts: list[str] = []
     run: list[int] = []
 
@@ -129,7 +129,7 @@ def labels(tokenizer, tokens: Sequence[int], sentence: Sentence) -> list[str]:
     pieces = tokenizer.pieces(tokens)
     if sentence.constraint is None:
         return pieces
-    span_of = {t: i for i, ids in enumerate(sentence.constraint.ids) for t in ids}
+    span_of = sentence.constraint.span_of
     return [
         (WORD_START if p.startswith(WORD_START) else "") + sentence.masked.spans[span_of[int(t)]].text
         if int(t) in span_of

@@ -38,16 +38,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def translator_and_test_set(entry: Path, data: Path):
+    """(the translator entry's manifest, the test pairs of ``data``, each pair's domain), or a one-line error."""
     try:
-        m = load_entry(args.entry).manifest
-        pairs, _ = read_tsv(args.data / "test.tsv")
-        domains = read_domains(args.data, "test", len(pairs))
+        m = load_entry(entry).manifest
+        pairs, _ = read_tsv(data / "test.tsv")
+        domains = read_domains(data, "test", len(pairs))
     except (ManifestError, TextFileError, ScoringError) as e:
         raise CliError(str(e)) from None
     if m.task != "translation":
-        raise CliError(f"{args.entry} is a {m.task} entry, not a translator")
+        raise CliError(f"{entry} is a {m.task} entry, not a translator")
+    return m, pairs, domains
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    m, pairs, domains = translator_and_test_set(args.entry, args.data)
     if args.record and args.max_test:
         raise CliError("--record writes the evaluation of a whole test split only: drop --max-test")
     if args.record and not recordable(args.record, m.evaluation):

@@ -26,14 +26,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from contract.decoding import DecoderSpec, session_fn
-from contract.manifest import ManifestError, load_entry
 from contract.tokenizer import load_tokenizer
 from export.common import cpu_session
+from export.evaluate import translator_and_test_set
 from export.placeholder_metrics import MsgfmtError, judge
-from export.scoring import ScoringError, read_domains, score
+from export.scoring import score
 from export.translator import BEAM, translate_all
 from model.cli import CliError, run_cli
-from model.translation.textio import TextFileError, read_tsv
 
 MODES = ("raw", "protected")
 
@@ -104,14 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.beam < 1:
         raise CliError("--beam must be at least 1")
-    try:
-        m = load_entry(args.entry).manifest
-        pairs, _ = read_tsv(args.data / "test.tsv")
-        domains = read_domains(args.data, "test", len(pairs))
-    except (ManifestError, TextFileError, ScoringError) as e:
-        raise CliError(str(e)) from None
-    if m.task != "translation":
-        raise CliError(f"{args.entry} is a {m.task} entry, not a translator")
+    m, pairs, domains = translator_and_test_set(args.entry, args.data)
     pairs, domains = (
         (pairs[: args.max_test], domains[: args.max_test]) if args.max_test is not None else (pairs, domains)
     )

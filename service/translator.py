@@ -54,9 +54,6 @@ class Job:
     plan: TextPlan
     requests: list[DecodeRequest] = field(default_factory=list)
 
-    def best(self) -> list[Hypothesis]:
-        return [r.results()[0] for r in self.requests]
-
 
 class Translator:
     def __init__(
@@ -256,12 +253,11 @@ class Translator:
             "finished": all(h.finished for h in picks),
         }
 
-    def partial(self, job: Job, sentence: int, tokens: list[int]) -> str:
-        """The translation so far while sentence ``sentence`` has generated ``tokens`` (streaming)."""
-        done = [render(self.tokenizer, r.results()[0].tokens, s) for r, s in zip(job.requests, job.plan.sentences)]
-        now = render(self.tokenizer, tokens, job.plan.sentences[sentence])
-        plan = job.plan
-        parts = [plan.gaps[0]]
-        for i, gap in enumerate(plan.gaps[1 : sentence + 2]):
-            parts += [done[i].text if i < sentence else now.text, gap if i < sentence else ""]
+    def streamed_before(self, job: Job, sentence: int) -> str:
+        """The translation of the sentences before ``sentence`` (finished), with what separates them: what a
+        stream shows before that sentence's own tokens."""
+        plan, parts = job.plan, [job.plan.gaps[0]]
+        for i in range(sentence):
+            parts += [render(self.tokenizer, job.requests[i].results()[0].tokens, plan.sentences[i]).text]
+            parts += [plan.gaps[i + 1]]
         return "".join(parts)

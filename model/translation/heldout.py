@@ -25,6 +25,7 @@ import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from model.cli import CliError, run_cli
 from model.translation import debian, sources
@@ -129,6 +130,43 @@ def fetch_reserved(args: argparse.Namespace) -> dict[str, list[debian.Unpacked]]
     }
 
 
+class Reserved(NamedTuple):
+    keys: set[int]  # the link keys of the training corpus' English sentences
+    train_pairs: int
+    unpacked: dict[str, list[debian.Unpacked]]  # each tool's packages
+    catalogs: dict[str, Iterable[Pair]]  # each tool's catalog pairs
+
+
+def reserved_catalogs(args: argparse.Namespace, pairs_of=sources.game_message_pairs) -> Reserved:
+    """What both held-out sets are drawn from: the reserved tools' catalogs (``pairs_of`` reads a catalog's
+    entries), and the training corpus (``--corpus``) whose near-duplicates they leave out."""
+    train, _ = read_tsv(args.corpus / "train.tsv")
+    unpacked = fetch_reserved(args)
+    catalogs = {
+        name: sources.read_game_catalogs([u.root for u in found], LOCALE_DIR, not args.no_progress, pairs_of)
+        for name, found in unpacked.items()
+    }
+    return Reserved(training_keys(train), len(train), unpacked, catalogs)
+
+
+def set_stats(
+    pairs: list[Pair], reserved: Reserved, counts: dict, args: argparse.Namespace, command: str, **extra
+) -> dict:
+    """A held-out set's ``stats.json``: its size, ``extra``, each tool's packages and counts, what it excludes."""
+    return {
+        "direction": {"source": "en", "target": "de"},
+        "total": len(pairs),
+        "splits": {"test": len(pairs)},
+        **extra,
+        "sources": {
+            name: {"packages": {u.name: u.version for u in reserved.unpacked[name]}, "stages": counts[name]}
+            for name in RESERVED
+        },
+        "excluded": {"corpus": str(args.corpus), "train_pairs": reserved.train_pairs},
+        "command": command,
+    }
+
+
 def write_set(out: Path, pairs: list[Pair], domains: list[str], stats: dict) -> None:
     """``test.tsv``, ``test.domains`` (the tool of each pair) and ``stats.json``, as ``export.evaluate`` reads them."""
     out.mkdir(parents=True, exist_ok=True)
@@ -141,28 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = parse_args(argv)
     try:
-        train, _ = read_tsv(args.corpus / "train.tsv")
-        keys = training_keys(train)
-        unpacked = fetch_reserved(args)
-        catalogs = {
-            name: sources.read_game_catalogs([u.root for u in found], LOCALE_DIR, not args.no_progress)
-            for name, found in unpacked.items()
-        }
-        pairs, domains, counts = heldout_set(catalogs, keys, args.per_tool, FilterConfig())
+        reserved = reserved_catalogs(args)
+        pairs, domains, counts = heldout_set(reserved.catalogs, reserved.keys, args.per_tool, FilterConfig())
     except (debian.PackageError, TextFileError, ValueError) as e:
         raise CliError(str(e)) from e
     except OSError as e:
         raise CliError(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from e
-    stats = {
-        "direction": {"source": "en", "target": "de"},
-        "total": len(pairs),
-        "splits": {"test": len(pairs)},
-        "sources": {
-            name: {"packages": {u.name: u.version for u in unpacked[name]}, "stages": counts[name]} for name in RESERVED
-        },
-        "excluded": {"corpus": str(args.corpus), "train_pairs": len(train)},
-        "command": "python -m model.translation.heldout " + shlex.join(argv if argv is not None else sys.argv[1:]),
-    }
+    command = "python -m model.translation.heldout " + shlex.join(argv if argv is not None else sys.argv[1:])
+    stats = set_stats(pairs, reserved, counts, args, command)
     write_set(args.out, pairs, domains, stats)
     log.info("wrote %s: %d pairs from %d tools", args.out, len(pairs), len(RESERVED))
     return 0

@@ -39,21 +39,20 @@ from collections.abc import Iterable, Mapping
 from contract.placeholders import TRAINING_SENTINELS, find_spans, mask
 from contract.tokenizer import normalize_text
 from model.cli import CliError, run_cli
-from model.translation import debian, sources
+from model.translation import debian
 from model.translation.cleaning import PAIR_FILTERS, FilterConfig
 from model.translation.heldout import (
-    LOCALE_DIR,
     RESERVED,
     Pair,
-    fetch_reserved,
     parser,
+    reserved_catalogs,
     sample,
-    training_keys,
+    set_stats,
     write_set,
 )
 from model.translation.masking import span_texts
 from model.translation.split import link_keys
-from model.translation.textio import TextFileError, read_tsv
+from model.translation.textio import TextFileError
 
 log = logging.getLogger("attnserve.translation.heldout_placeholders")
 
@@ -143,32 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_tool < 1:
         raise CliError("--per-tool must be at least 1")
     try:
-        train, _ = read_tsv(args.corpus / "train.tsv")
-        keys = training_keys(train)
-        unpacked = fetch_reserved(args)
-        catalogs = {
-            name: sources.read_game_catalogs(
-                [u.root for u in found], LOCALE_DIR, not args.no_progress, first_form_pairs
-            )
-            for name, found in unpacked.items()
-        }
-        pairs, domains, counts = placeholder_set(catalogs, keys, args.per_tool, FilterConfig())
+        reserved = reserved_catalogs(args, first_form_pairs)
+        pairs, domains, counts = placeholder_set(reserved.catalogs, reserved.keys, args.per_tool, FilterConfig())
     except (debian.PackageError, TextFileError, ValueError) as e:
         raise CliError(str(e)) from e
     except OSError as e:
         raise CliError(f"cannot read {e.filename or 'a file'}: {e.strerror or e}") from e
-    stats = {
-        "direction": {"source": "en", "target": "de"},
-        "total": len(pairs),
-        "splits": {"test": len(pairs)},
-        "span_kinds": dict(sorted(Counter(s.kind for en, _ in pairs for s in find_spans(en)).items())),
-        "rules": {"max_chars": MAX_CHARS, "max_spans": MAX_SPANS, "per_tool": args.per_tool, "plural": "msgstr[0]"},
-        "sources": {
-            name: {"packages": {u.name: u.version for u in unpacked[name]}, "stages": counts[name]} for name in RESERVED
-        },
-        "excluded": {"corpus": str(args.corpus), "train_pairs": len(train)},
-        "command": f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:]),
-    }
+    stats = set_stats(
+        pairs,
+        reserved,
+        counts,
+        args,
+        f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        span_kinds=dict(sorted(Counter(s.kind for en, _ in pairs for s in find_spans(en)).items())),
+        rules={"max_chars": MAX_CHARS, "max_spans": MAX_SPANS, "per_tool": args.per_tool, "plural": "msgstr[0]"},
+    )
     write_set(args.out, pairs, domains, stats)
     log.info("wrote %s: %d pairs from %d tools", args.out, len(pairs), len(RESERVED))
     return 0

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Scope
 
-from contract.translation_text import labels
+from contract.translation_text import labels, render
 from service.attention.capture import join_translation_maps, store_records, translation_record, translation_summary
 from service.engine.scheduler import Scheduler, Ticket
 from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType, error_body
@@ -149,6 +149,7 @@ async def _events(
     offset = 0  # tokens of the sentences streamed before
     try:
         for n, ticket in enumerate(tickets):
+            sentence, before = job.plan.sentences[n], translator.streamed_before(job, n)
             while True:
                 item = await ticket.events.get()
                 if item is None:
@@ -165,8 +166,8 @@ async def _events(
                         + b"\n\n"
                     )
                     return
-                piece = labels(tok, item[-1:], job.plan.sentences[n])[0]
-                text = translator.partial(job, n, item)
+                piece = labels(tok, item[-1:], sentence)[0]
+                text = before + render(tok, item, sentence).text
                 yield _sse("token", {"index": offset + len(item) - 1, "token": piece, "text": text})
             offset += ticket.streamed
         yield _sse("done", await answer(translator, [job], nbest, store))
