@@ -133,15 +133,21 @@ def test_unload_lets_running_requests_finish_then_the_model_is_gone(repo, tmp_pa
         def translate_long() -> None:
             results.append(httpx.post(srv.url + "/translate", json={"text": long_text, "beam_size": 4}, timeout=60))
 
-        # eight at once: one alone can be decoded between two reads of /metrics on a busy machine
+        # eight at once: one alone can be decoded between two reads of /metrics on a busy machine. The unload
+        # comes once all eight are queued (a request arriving after it is refused, rightly) and one is decoding;
+        # the one sentence translated above is counted among the finished
         workers = [threading.Thread(target=translate_long) for _ in range(8)]
         for w in workers:
             w.start()
-        deadline, running = time.monotonic() + 30, 0.0
-        while not running and any(w.is_alive() for w in workers) and time.monotonic() < deadline:
-            running = metric_value(srv.get("/metrics").text, "attnserve_running_sequences", model="translator")
+        deadline, running, submitted = time.monotonic() + 30, 0.0, 0.0
+        while (not running or submitted < 8 * 6) and time.monotonic() < deadline:
+            metrics = srv.get("/metrics").text
+            running = metric_value(metrics, "attnserve_running_sequences", model="translator")
+            rows = running + metric_value(metrics, "attnserve_waiting_sequences", model="translator")
+            done = metric_value(metrics, "attnserve_time_per_output_token_seconds_count", model="translator")
+            submitted = rows / 4 + done - 1  # sentences queued, decoding or finished (six a request, four rows each)
             time.sleep(0.005)
-        assert running, f"no long request was seen in the running batch: {[r.status_code for r in results]}"
+        assert running and submitted == 8 * 6, f"not all queued and decoding: {running=} {submitted=} {results=}"
         client.unload_model("translator")
         for w in workers:
             w.join(60)
