@@ -96,7 +96,7 @@ export-translator: install-dev  ## export the trained translator into $(MODELS)/
 import-hf: $(VENV)/.export  ## import a transformers checkpoint folder: make import-hf MODEL_DIR=... NAME=... (docs/import.md)
 	$(BIN)/python -m export.huggingface --model-dir $(MODEL_DIR) --name $(NAME) --repository $(MODELS) $(ARGS)
 
-int8: install-dev data  ## int8 variants of the shipped models beside them, with their measured quality (translator: make corpus first)
+int8: install-dev data  ## int8 variants of the shipped versions in their int8/ folders, with their measured quality (translator: make corpus first)
 	$(BIN)/python -m export.quantize --entry $(MODELS)/vit/1 --force
 	$(BIN)/python -m export.quantize --entry $(MODELS)/translator/3 --data data/translation --force
 

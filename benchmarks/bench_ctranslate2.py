@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.decoding import DecodeRequest, run_to_end
+from contract.precision import variant_folder
 
 CONFIGS = [(batch, beam, tokens) for batch in (1, 16) for beam in (1, 4) for tokens in (20, 64)]
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
@@ -56,15 +57,15 @@ class Engine:
         return self.name if self.ours else f"CTranslate2 {self.name}, {self.threads} thread(s)"
 
 
-def int8_variant(repository: Path, name: str, entry_dir: Path, tmp: Path) -> tuple[Path, str]:
-    """Our int8 variant of the entry: the repository's ``<name>-int8/<version>`` (``make int8``), or else
-    one quantised here the same way (``export.quantize``, without its quality evaluation) into ``tmp``."""
-    shipped = repository / f"{name}-int8" / entry_dir.name
+def int8_variant(entry_dir: Path, tmp: Path) -> tuple[Path, str]:
+    """Our int8 variant of the entry: its ``int8/`` folder (``make int8``), or else one quantised here the same
+    way (``export.quantize``, without its quality evaluation) into ``tmp``."""
+    shipped = variant_folder(entry_dir)
     if (shipped / "manifest.json").is_file():
         return shipped, f"{shipped}"
     from export.quantize import write_variant
 
-    final, _ = write_variant(entry_dir, tmp, f"{name}-int8", entry_dir.name, False, lambda folder, manifest: {})
+    final, _ = write_variant(entry_dir, tmp / "int8" / entry_dir.name, False, lambda folder, manifest: {})
     return final, f"quantised here as export.quantize does ({shipped} is absent: make int8 writes it)"
 
 
@@ -127,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = convert(entry_dir, Path(tmp) / "ct2")
         converted_s = time.perf_counter() - start
         ours_dir = args.ours or entry_dir
-        int8_dir, int8_origin = int8_variant(
-            args.repository if args.ours is None else Path(tmp), args.name, ours_dir, Path(tmp) / "repo"
-        )
+        int8_dir, int8_origin = int8_variant(ours_dir, Path(tmp) / "repo")
         if args.ours is not None:
             int8_origin = f"quantised here from {ours_dir} as export.quantize does"
         folders = {"ours fp32": ours_dir, "ours int8": int8_dir}

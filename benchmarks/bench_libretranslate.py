@@ -32,7 +32,7 @@ such parameter), so each beam has LibreTranslate processes of its own. Its setti
 ``ARGOS_INTER_THREADS`` translators side by side, ``ARGOS_INTRA_THREADS`` threads each and waitress'
 ``--threads``; ``--lt-settings`` lists the candidates as INTERxINTRAxTHREADS, and each load keeps the
 fastest. ``--precision int8`` compares int8 with int8: our int8 variant (``make int8`` writes
-``<name>-int8``; without it one is quantised here as ``export.quantize`` does) against CTranslate2's
+the version's ``int8/`` folder; without it one is quantised here as ``export.quantize`` does) against CTranslate2's
 int8 ``compute_type`` on the same package.
 """
 
@@ -62,6 +62,7 @@ from benchmarks.bench_libretranslate_servers import (
     start_libretranslate,
     translations,
 )
+from contract.precision import variant_folder
 
 MESSAGES = (Path(__file__).parent / "translate_messages.txt").read_text("utf-8").splitlines()
 SETTLE_S = 0.5  # idle gap after each run: CTranslate2's OpenMP threads spin a while after work
@@ -97,14 +98,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def entries(args: argparse.Namespace, tmp: Path) -> tuple[Path, Path, str]:
-    """(fp32 entry: the Argos package's weights, the entry our service serves, where the latter comes from)."""
+    """(fp32 entry: the Argos package's weights, the entry our service serves at ``--precision``, where the
+    latter comes from): the version itself (its ``int8/`` variant, with int8), or a variant quantised here."""
     folder = args.repository / args.name
-    fp32 = max(folder.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
-    if args.precision == "fp32":
-        return fp32, fp32, str(fp32)
+    fp32 = max((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    if args.precision == "fp32" or (variant_folder(fp32) / "manifest.json").is_file():
+        return fp32, fp32, f"{fp32}, ATTNSERVE_PRECISION={args.precision}"
     from benchmarks.bench_ctranslate2 import int8_variant
 
-    served, origin = int8_variant(args.repository, args.name, fp32, tmp / "quantised")
+    served, origin = int8_variant(fp32, tmp / "quantised")
     return fp32, served, origin
 
 
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         servers: dict[str, Server] = {}
         try:
-            servers["attnserve"] = start_attnserve(repository, tmp)
+            servers["attnserve"] = start_attnserve(repository, tmp, args.precision)
             for beam in args.beams:
                 for setting in args.lt_settings:
                     name = lt_name(setting, beam)

@@ -144,9 +144,10 @@ class Server:
                 self.proc.wait()
 
 
-def start_attnserve(repository: Path, workdir: Path) -> Server:
+def start_attnserve(repository: Path, workdir: Path, precision: str = "auto") -> Server:
     """``python -m service`` on ``repository`` as ``make serve`` starts it, on a free port, gRPC off (the
-    benchmarks measure HTTP; a gRPC server on the shared default port would clash)."""
+    benchmarks measure HTTP; a gRPC server on the shared default port would clash), at ``precision``
+    (``ATTNSERVE_PRECISION``)."""
     port = _free_port()
     env = {
         **os.environ,
@@ -154,6 +155,7 @@ def start_attnserve(repository: Path, workdir: Path) -> Server:
         "ATTNSERVE_MODEL_REPOSITORY": str(repository),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_GRPC_PORT": "0",
+        "ATTNSERVE_PRECISION": precision,
     }
     return Server("attnserve", [sys.executable, "-m", "service"], env, port, workdir / "attnserve.log")
 

@@ -1,10 +1,12 @@
 """int8 variants of exported entries: onnxruntime dynamic quantisation of the MatMul/Gemm weights.
 
 ``python -m export.quantize --entry models/translator/3 [--data data/translation]`` (or a ViT entry,
-with ``--data`` the Fashion-MNIST folder) writes ``<name>-int8/<version>``: every graph of the fp32
+with ``--data`` the Fashion-MNIST folder) writes ``models/translator/3/int8/``: every graph of the fp32
 entry quantised (weights int8, activations quantised per batch at run time, so the key/value cache
 stays fp32), its quality measured on the same test split as fp32 in the same run, and its agreement
-with fp32. A variant that loses more than ``MAX_BLEU_LOSS`` BLEU (beam search) or
+with fp32. The service serves it in the version's place on the CPU (``ATTNSERVE_PRECISION``,
+``contract/precision.py``); ``--name`` writes it as an entry of its own instead, ``<name>/<version>``,
+to serve both side by side. A variant that loses more than ``MAX_BLEU_LOSS`` BLEU (beam search) or
 ``MAX_ACCURACY_LOSS`` accuracy points is refused: nobody ships it without seeing what it costs.
 """
 
@@ -21,6 +23,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from contract.decoding import DecoderSpec, session_fn
 from contract.manifest import IMAGE_CLASSIFICATION, TRANSLATION, Manifest, load_entry, read_manifest
+from contract.precision import BATCH_INVARIANCE, INT8, MAX_ACCURACY_LOSS, MAX_BLEU_LOSS, variant_folder
 from contract.tokenizer import Tokenizer
 from export.common import StagedEntry, cpu_session, max_abs_diff, now_iso
 from export.shared_weights import WEIGHTS, record_weights, share_weights
@@ -28,8 +31,10 @@ from model.cli import CliError, run_cli
 
 INPUT, LOGITS = "pixel_values", "logits"
 METHOD = "onnxruntime dynamic quantisation (MatMul/Gemm weights int8, activations per batch)"
-MAX_BLEU_LOSS = 0.5  # BLEU points, beam search, whole test split
-MAX_ACCURACY_LOSS = 0.003  # accuracy (0.3 points), whole test split
+
+
+INVARIANCE_SAMPLE = 500  # test sentences (images) decoded alone and in batches
+INVARIANCE_BATCH = 32
 
 
 class VariantRefused(CliError):
@@ -53,12 +58,15 @@ def quantize_graphs(fp32_entry: Path, manifest: dict, out: Path) -> None:
 
 
 def write_variant(
-    fp32_entry: Path, repository: Path, name: str, version: str, force: bool, evaluate: Callable[[Path, dict], dict]
+    fp32_entry: Path, final: Path, force: bool, evaluate: Callable[[Path, dict], dict]
 ) -> tuple[Path, dict]:
-    """Quantise an entry into ``<repository>/<name>/<version>``, its manifest's evaluation from
-    ``evaluate(int8_folder, fp32_manifest)``; an exception there refuses the variant and leaves nothing."""
+    """Quantise an entry into ``final`` (its ``int8/`` folder, or ``<repository>/<name>/<version>``), its
+    manifest's evaluation from ``evaluate(int8_folder, fp32_manifest)``; an exception there refuses the
+    variant and leaves nothing."""
     manifest = read_manifest(fp32_entry)
-    with StagedEntry(repository, name, version, force) as stage:
+    inside = final == variant_folder(fp32_entry)  # the version's own variant keeps its name and version
+    name, version = (manifest["name"], manifest["version"]) if inside else (final.parent.name, final.name)
+    with StagedEntry(final.parent.parent, final.parent.name, final.name, force) as stage:
         quantize_graphs(fp32_entry, manifest, stage.dir)
         evaluation = evaluate(stage.dir, manifest)
         variant = variant_manifest(manifest, name, version, evaluation)
@@ -86,6 +94,19 @@ def classifier_logits(path: Path, x: np.ndarray) -> np.ndarray:
     return np.concatenate([s.run([LOGITS], {INPUT: x[i : i + 500]})[0] for i in range(0, len(x), 500)])
 
 
+def classes_alone_and_batched(path: Path, x: np.ndarray) -> int:
+    """How many images of ``x`` get the same class alone as in batches of ``INVARIANCE_BATCH``."""
+    s = cpu_session(path)
+    alone = np.array([s.run([LOGITS], {INPUT: x[i : i + 1]})[0].argmax(-1)[0] for i in range(len(x))])
+    batched = np.concatenate(
+        [
+            s.run([LOGITS], {INPUT: x[i : i + INVARIANCE_BATCH]})[0].argmax(-1)
+            for i in range(0, len(x), INVARIANCE_BATCH)
+        ]
+    )
+    return int((alone == batched).sum())
+
+
 def classifier_evaluation(
     fp32_entry: Path,
     int8_entry: Path,
@@ -100,8 +121,14 @@ def classifier_evaluation(
         raise VariantRefused(
             f"int8 test accuracy {accuracy:.4f} is more than {max_loss:.3f} below fp32's {fp32_accuracy:.4f}"
         )
+    sample = x[:INVARIANCE_SAMPLE]
+    same_alone = {
+        label: classes_alone_and_batched(folder / "model.onnx", sample)
+        for label, folder in (("fp32", fp32_entry), ("int8", int8_entry))
+    }
     evaluation = {
         **manifest["evaluation"],
+        BATCH_INVARIANCE: {"images": len(sample), "batch": INVARIANCE_BATCH, **same_alone},
         "test_examples": len(x),
         "test_accuracy": accuracy,
         "fp32_test_accuracy": fp32_accuracy,
@@ -116,9 +143,7 @@ def classifier_evaluation(
 
 def export_int8(
     fp32_entry: Path,
-    repository: Path,
-    name: str,
-    version: str,
+    final: Path,
     force: bool,
     x_test: np.ndarray,
     y_test: np.ndarray,
@@ -128,9 +153,7 @@ def export_int8(
     when its accuracy is more than ``max_loss`` below fp32's."""
     final, evaluation = write_variant(
         fp32_entry,
-        repository,
-        name,
-        version,
+        final,
         force,
         lambda folder, manifest: classifier_evaluation(fp32_entry, folder, manifest, x_test, y_test, max_loss),
     )
@@ -175,6 +198,11 @@ def translator_evaluation(fp32_entry: Path, int8_dir: Path, m: Manifest, data: P
 
         runs[label] = evaluate(translate, pairs, domains, BEAM)
     best = f"beam{BEAM}"
+    sources = tok.encode_batch([src for src, _ in pairs[:INVARIANCE_SAMPLE]], add_eos=True)
+    same_alone = {
+        label: translations_alone_and_batched(folder, m, spec, sources)
+        for label, folder in (("fp32", fp32_entry), ("int8", int8_dir))
+    }
     if runs["fp32"][best]["bleu"] - runs["int8"][best]["bleu"] > MAX_BLEU_LOSS:
         raise VariantRefused(
             f"int8 beam-{BEAM} test BLEU {runs['int8'][best]['bleu']} is more than {MAX_BLEU_LOSS} below fp32's "
@@ -185,19 +213,31 @@ def translator_evaluation(fp32_entry: Path, int8_dir: Path, m: Manifest, data: P
         **runs["int8"],
         "fp32": {k: runs["fp32"][k] for k in ("greedy", best)},
         "vs_fp32": {"identical_greedy": same / len(pairs), "identical_greedy_sentences": same, "sentences": len(pairs)},
+        BATCH_INVARIANCE: {"sentences": len(sources), "batch": INVARIANCE_BATCH, **same_alone},
     }
 
 
-def export_int8_translator(
-    fp32_entry: Path, repository: Path, name: str, version: str, force: bool, data: Path, max_test: int | None = None
-) -> Path:
+def translations_alone_and_batched(folder: Path, m: Manifest, spec: DecoderSpec, sources: list[list[int]]) -> int:
+    """How many of ``sources`` get the same greedy tokens decoded alone as in batches of ``INVARIANCE_BATCH``:
+    an answer must not depend on the requests it happens to share a batch with."""
+    from contract.decoding import greedy
+
+    enc, dec = (session_fn(cpu_session(folder / m.graph(g).file)) for g in ("encoder", "decoder"))
+    alone = [greedy(enc, dec, [s], spec)[0].tokens for s in sources]
+    batched = [
+        h.tokens
+        for i in range(0, len(sources), INVARIANCE_BATCH)
+        for h in greedy(enc, dec, sources[i : i + INVARIANCE_BATCH], spec)
+    ]
+    return sum(a == b for a, b in zip(alone, batched))
+
+
+def export_int8_translator(fp32_entry: Path, final: Path, force: bool, data: Path, max_test: int | None = None) -> Path:
     """The int8 variant of a translator entry, scored per domain on ``data``'s test split."""
     m = load_entry(fp32_entry).manifest
     final, e = write_variant(
         fp32_entry,
-        repository,
-        name,
-        version,
+        final,
         force,
         lambda folder, _: translator_evaluation(fp32_entry, folder, m, data, max_test),
     )
@@ -217,24 +257,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m export.quantize", description=__doc__.splitlines()[0])
     p.add_argument("--entry", type=Path, required=True, help="the fp32 entry, e.g. models/translator/3")
     p.add_argument("--data", type=Path, help="test data: the translation corpus folder, or the image dataset folder")
-    p.add_argument("--repository", type=Path, help="default: the entry's repository")
-    p.add_argument("--name", help="default: <name>-int8")
-    p.add_argument("--version", help="default: the fp32 entry's version")
+    p.add_argument(
+        "--name", help="an entry of its own, <repository>/<name>/<version>; default: the entry's int8/ folder"
+    )
+    p.add_argument("--repository", type=Path, help="with --name; default: the entry's repository")
+    p.add_argument("--version", help="with --name; default: the fp32 entry's version")
     p.add_argument("--force", action="store_true", help="replace an existing variant")
     p.add_argument("--max-test", type=int, help="score on only the first N test pairs (smoke tests)")
     args = p.parse_args(argv)
     m = load_entry(args.entry).manifest
     repository = args.repository or args.entry.parent.parent
-    name, version = args.name or f"{m.name}-int8", args.version or m.version
+    final = repository / args.name / (args.version or m.version) if args.name else variant_folder(args.entry, INT8)
     if m.task == TRANSLATION:
         data = args.data or Path(m.model_extra.get("data", {}).get("folder", "data/translation"))
         if not (data / "test.tsv").is_file():
             raise CliError(f"{data / 'test.tsv'} does not exist: pass --data with the corpus folder (make corpus)")
-        export_int8_translator(args.entry, repository, name, version, args.force, data, args.max_test)
+        export_int8_translator(args.entry, final, args.force, data, args.max_test)
     elif m.task == IMAGE_CLASSIFICATION:
         x, y = classifier_test_data(m, args.data)
         x, y = (x[: args.max_test], y[: args.max_test]) if args.max_test else (x, y)
-        export_int8(args.entry, repository, name, version, args.force, x, y)
+        export_int8(args.entry, final, args.force, x, y)
     else:
         raise CliError(f"no int8 variant for task {m.task!r}")
     return 0

@@ -233,10 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.int8:
         from export.quantize import export_int8
 
-        name = f"{args.name}-int8"
-        export_int8(
-            final, args.repository, name, version, args.force, x_test, data.test_labels, args.int8_max_loss / 100
-        )
+        out = args.repository / f"{args.name}-int8" / version
+        export_int8(final, out, args.force, x_test, data.test_labels, args.int8_max_loss / 100)
     return 0
 
 

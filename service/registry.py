@@ -23,7 +23,8 @@ from service.engine.batching import Batcher, Intake
 from service.engine.scheduler import Scheduler
 from service.errors import ModelNotFound, ModelNotReady
 from service.metrics import Metrics
-from service.runtime import RuntimeUnavailable, SharedWeights, create_session, decoding_lanes
+from service.precision import choose
+from service.runtime import CPU, RuntimeUnavailable, SharedWeights, create_session, decoding_lanes, requested_providers
 from service.settings import Settings
 from service.translator import TASK as TRANSLATION
 from service.translator import Translator
@@ -59,6 +60,7 @@ class ServedModel:
     scheduler: Scheduler | None = None
     provider: str | None = None
     load_seconds: float | None = None
+    precision_reason: str | None = None  # why this precision was loaded (service/precision.py)
 
     @property
     def key(self) -> str:
@@ -80,6 +82,7 @@ class ServedModel:
             # an int8 variant says so and names the fp32 entry it was made from (export/quantize.py)
             "precision": (m.variant.precision if m.variant else "fp32") if m else None,
             "variant_of": m.variant.from_ if m and m.variant else None,
+            "precision_reason": self.precision_reason,
         }
         if self.classifier is not None:
             p = self.classifier.preprocessing
@@ -194,7 +197,10 @@ class Registry:
                 model.reason = f"task {model.task!r} is not served by this version of the service"
                 log.warning("skipping %s: %s", model.key, model.reason)
                 return
-            entry = load_entry(model.path)  # verifies every file's sha256
+            on_cpu = requested_providers(self.settings)[0] == CPU
+            folder, precision, model.precision_reason = choose(model.path, self.settings.precision, on_cpu)
+            log.info("loading %s in %s: %s", model.key, precision, model.precision_reason)
+            entry = load_entry(folder)  # verifies every file's sha256
             if entry.name != model.name or entry.version != model.version:
                 raise ManifestError(
                     f"{model.path}: manifest says {entry.name}/{entry.version} but the entry lives in "
@@ -206,13 +212,13 @@ class Registry:
                 return
             graphs = entry.manifest.graphs
             shared = (
-                SharedWeights.map(model.path / graphs["model"].weights)
+                SharedWeights.map(entry.path / graphs["model"].weights)
                 if self.settings.share_classifier_weights and shares_weights(graphs)
                 else None
             )
-            handle = create_session(model.path / graphs["model"].file, self.settings, shared)
+            handle = create_session(entry.path / graphs["model"].file, self.settings, shared)
             attention = (
-                create_session(model.path / graphs["attention"].file, self.settings, shared)
+                create_session(entry.path / graphs["attention"].file, self.settings, shared)
                 if "attention" in graphs
                 else None
             )
@@ -237,10 +243,10 @@ class Registry:
 
     def _load_translator(self, model: ServedModel, entry: Entry) -> None:
         graphs = entry.manifest.graphs
-        encoder = create_session(model.path / graphs["encoder"].file, self.settings)
-        decoder = create_session(model.path / graphs["decoder"].file, self.settings)
+        encoder = create_session(entry.path / graphs["encoder"].file, self.settings)
+        decoder = create_session(entry.path / graphs["decoder"].file, self.settings)
         prefix = (
-            create_session(model.path / graphs["decoder_prefix"].file, self.settings)
+            create_session(entry.path / graphs["decoder_prefix"].file, self.settings)
             if "decoder_prefix" in graphs
             else None
         )

@@ -259,7 +259,12 @@ class ModelInfo(BaseModel):
         True, description="Answers requests that name this model without a version (`name`, not `name:version`)."
     )
     created_at: str | None = None
-    precision: str | None = Field(None, description="fp32, or int8 for a variant made by export.quantize.")
+    precision: str | None = Field(
+        None, description="fp32, or int8: the version's int8 variant, or an entry made by export.quantize."
+    )
+    precision_reason: str | None = Field(
+        None, description="Why this precision is served (`ATTNSERVE_PRECISION`, the int8 variant's measured loss)."
+    )
     variant_of: str | None = Field(None, description="A variant: name/version of the entry it was made from.")
     labels: list[str] | None = None
     input: ModelInput | None = None
