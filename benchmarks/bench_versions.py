@@ -5,7 +5,9 @@ repository side by side (the revision from a temporary ``git worktree``), and ea
 one then the other, their order alternating from round to round (on these machines the second of two
 back-to-back runs is faster). The loads: ``POST /classify`` with one image per request at 1 and 64
 clients and 16 images per request at 32 clients (wrk, real Fashion-MNIST PNGs as JSON), and
-``POST /translate`` of one real sentence per request, greedy at 1, 8 and 32 clients and beam 4 at 4 clients.
+``POST /translate`` of one real sentence per request, greedy at 1, 8 and 32 clients and beam 4 at 4 clients;
+and a mixed load, /classify at 32 clients (one image) and /translate at 8 (greedy) at the same time
+through the same service, which shows how the batcher's instances and the decoding lanes share the cores.
 It prints, for each load, the median requests/s and p99 of each version over the rounds, the ratio
 of the medians (this checkout / the revision) and the lowest and highest ratio of a single round;
 the A/A run (``--base HEAD`` on a clean checkout) shows how far apart two identical versions land.
@@ -21,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +39,7 @@ class Load:
     clients: int
     script: Path
     results: dict[str, list[dict]] = field(default_factory=lambda: {"base": [], "head": []})
+    beside: Load | None = None  # run at the same time through the same service: a mixed load
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,7 +73,22 @@ def loads(workdir: Path, repository: Path, translate: bool) -> list[Load]:
         for name, beam, clients in (("greedy", 1, 1), ("greedy", 1, 8), ("greedy", 1, 32), ("beam 4", 4, 4)):
             script = write_script(workdir, f"t{beam}", translate_bodies(beam), "application/json", "/translate")
             out.append(Load(f"translate, {clients} clients, {name}", "/translate", clients, script))
+        script = write_script(workdir, "t1", translate_bodies(1), "application/json", "/translate")
+        beside = Load("mixed: translate, 8 clients, greedy, beside classify", "/translate", 8, script)
+        out.append(
+            Load(
+                "mixed: classify, 32 clients x 1 image, beside translate", "/classify", 32, out[0].script, beside=beside
+            )
+        )
     return out
+
+
+def run_load(service: Service, load: Load, duration: int, threads: int) -> list[tuple[Load, dict]]:
+    """wrk's figures for the load, and for the one beside it, run at the same time."""
+    parts = [load] if load.beside is None else [load, load.beside]
+    with ThreadPoolExecutor(len(parts)) as pool:
+        outs = list(pool.map(lambda x: run_wrk(service, x.script, x.clients, duration, threads, x.path), parts))
+    return list(zip(parts, outs))
 
 
 @contextlib.contextmanager
@@ -86,6 +105,7 @@ def worktree(revision: str):
 
 def report(runs: list[Load], base: str) -> None:
     print(f"\nthis checkout (head) vs {base} (base): medians of {len(runs[0].results['head'])} interleaved rounds")
+    runs = [part for load in runs for part in (load, load.beside) if part is not None]
     width = max(len(load.name) for load in runs)
     for load in runs:
         rate = {v: [r["requests"] / (r["duration_us"] / 1e6) for r in rs] for v, rs in load.results.items()}
@@ -118,19 +138,17 @@ def main(argv: list[str] | None = None) -> int:
             for s in services.values():
                 s.wait_ready()
                 for load in runs:  # first connections and allocations, not measured
-                    run_wrk(s, load.script, load.clients, 1, args.wrk_threads, load.path)
+                    run_load(s, load, 1, args.wrk_threads)
             for r in range(args.rounds):
                 order = ["base", "head"] if r % 2 == 0 else ["head", "base"]
                 for load in runs:
                     for version in order:
-                        out = run_wrk(
-                            services[version], load.script, load.clients, args.duration, args.wrk_threads, load.path
-                        )
-                        if out["non_2xx"] or out["errors"]:
-                            raise SystemExit(
-                                f"{version}, {load.name}: {out['non_2xx']} non-2xx, {out['errors']} errors"
-                            )
-                        load.results[version].append(out)
+                        for part, out in run_load(services[version], load, args.duration, args.wrk_threads):
+                            if out["non_2xx"] or out["errors"]:
+                                raise SystemExit(
+                                    f"{version}, {part.name}: {out['non_2xx']} non-2xx, {out['errors']} errors"
+                                )
+                            part.results[version].append(out)
                 print(f"  round {r + 1}/{args.rounds} done", flush=True)
         finally:
             for s in services.values():

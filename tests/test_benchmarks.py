@@ -241,10 +241,12 @@ def test_bench_versions_compares_a_revision_with_this_checkout(
             "translate, 8 clients, greedy",
             "translate, 32 clients, greedy",
             "translate, 4 clients, beam 4",
+            "mixed: classify, 32 clients x 1 image, beside translate",
+            "mixed: translate, 8 clients, greedy, beside classify",
         ),
     )
-    rows = [line for line in proc.stdout.splitlines() if line.startswith(("classify,", "translate,"))]
-    assert len(rows) == 7 and all(re.search(r"req/s = \d+\.\d{3}x \(rounds", r) for r in rows)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("classify,", "translate,", "mixed: "))]
+    assert len(rows) == 9 and all(re.search(r"req/s = \d+\.\d{3}x \(rounds", r) for r in rows)
 
 
 def test_bench_switch_loads_new_versions_under_load_without_a_failed_request(
