@@ -14,13 +14,17 @@ from tests.conftest import SHIPPED_TRANSLATOR
 
 
 def version(tmp_path: Path, evaluation: dict | None) -> Path:
-    """A version folder; with ``evaluation``, an int8/ variant whose manifest (the shipped variant's) records it."""
+    """A version folder; with ``evaluation``, an int8/ variant whose manifest (the shipped translator's, as
+    export.quantize makes it) records it."""
     entry = tmp_path / "t" / "1"
     entry.mkdir(parents=True)
     if evaluation is not None:
         (entry / "int8").mkdir()
-        manifest = json.loads((SHIPPED_TRANSLATOR / "int8" / "manifest.json").read_text())
-        (entry / "int8" / "manifest.json").write_text(json.dumps({**manifest, "evaluation": evaluation}))
+        manifest = json.loads((SHIPPED_TRANSLATOR / "manifest.json").read_text())
+        variant = {"precision": "int8", "method": "dynamic", "from": f"translator/{SHIPPED_TRANSLATOR.name}"}
+        (entry / "int8" / "manifest.json").write_text(
+            json.dumps({**manifest, "variant": variant, "evaluation": evaluation})
+        )
     return entry
 
 

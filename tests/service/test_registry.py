@@ -279,6 +279,7 @@ def test_describe_gives_what_a_client_needs_for_each_model():
         "evaluation": vit_manifest["evaluation"],
         "precision": "fp32",
         "variant_of": None,
+        "precision_reason": "no int8 variant",
         "input": {"image_size": 28, "channels": 1, "color_mode": "L"},
         "attention": {"layers": 6, "heads": 4, "grid": [7, 7]},
         "max_batch_size": 2,
@@ -295,6 +296,7 @@ def test_describe_gives_what_a_client_needs_for_each_model():
         "evaluation": translator_manifest["evaluation"],
         "precision": "fp32",
         "variant_of": None,
+        "precision_reason": "no int8 variant",
         "languages": {"source": "en", "target": "de"},
         "decoding": {"default_beam_size": 1, "default_length_penalty": 1.0},  # the manifest's 4, capped by SMALL
         "attention": {"encoder_layers": 5, "decoder_layers": 2, "heads": 4},
