@@ -1,4 +1,4 @@
-"""``python -m service``: run the HTTP service under uvicorn with host, port and workers from settings."""
+"""``python -m service``: the service (``service/process.py``) under uvicorn, with host, port and workers from settings."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main() -> int:
     configure_logging(settings.log_level, settings.log_format)
     limit_arenas()  # before uvicorn, onnxruntime and the worker pools start their threads
     uvicorn.run(
-        "service.http.app:create_app",
+        "service.process:create_app",  # called in each worker process, which builds its own core
         factory=True,
         host=settings.host,
         port=settings.port,

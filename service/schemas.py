@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from service.errors import InvalidField
 
 SETTINGS_KEY = "x-settings"
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+def validated(schema: type[Schema], data: object) -> Schema:
+    """``data`` as ``schema``, or 422 ``invalid_field`` naming every field that does not fit."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise InvalidField(describe_validation(e.errors(include_url=False, include_input=False))) from e
+
+
+def describe_validation(errors: list[Any]) -> str:
+    """``top_k: Input should be less than or equal to 10; ...`` from pydantic's error list."""
+    parts = []
+    for e in errors[:10]:
+        where = ".".join(str(p) for p in e.get("loc", ())) or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
+    return "; ".join(parts) + more
 
 
 def bounded_by(**keywords: Any) -> dict[str, Any]:

@@ -301,7 +301,7 @@ class Settings(BaseSettings):
     @field_validator("api_key_hashes", mode="after")
     @classmethod
     def _hex_digests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from service.http.auth import check_hashes
+        from service.core.keys import check_hashes
 
         check_hashes(value)
         return value

@@ -1,9 +1,9 @@
 """What every gRPC call shares with an HTTP request: its API key, deadline, metrics, access log and errors.
 
-- Keys: ``authorization: Bearer <key>`` metadata, checked as the header is (``service/http/auth.py``);
+- Keys: ``authorization: Bearer <key>`` metadata, checked as the header is (``service/core/keys.py``);
   the calls the HTTP side leaves open (``ServerLive``, ``ServerReady``) are open here too.
 - Deadlines: the call's gRPC deadline counts as ``X-Request-Timeout`` does; with the OIP ``timeout``
-  parameter too, the shorter (``service/http/deadlines.py``).
+  parameter too, the shorter (``service/core/deadlines.py``).
 - Metrics and the access log: a call counts in ``attnserve_http_requests`` and its latency histogram
   under the route ``grpc:<Method>`` and method ``GRPC``, with the HTTP status its outcome would have
   had, so one dashboard covers both; ``x-request-id`` metadata is the request id, and comes back in
@@ -24,9 +24,8 @@ from typing import Any
 
 import grpc
 
+from service.core.serving import Serving
 from service.errors import DeadlineExceeded, ServiceError, log_server_error
-from service.http.auth import Keys
-from service.http.serving import Serving
 from service.logs import AccessLog, bind_request_id, unbind_request_id
 
 access = logging.getLogger("attnserve.access")
@@ -59,9 +58,9 @@ def status_code(http_status: int) -> grpc.StatusCode:
 class Calls:
     """The running service as the RPCs see it: its parts, the accepted keys, the access log."""
 
-    def __init__(self, serving: Serving, keys: Keys | None) -> None:
+    def __init__(self, serving: Serving) -> None:
         self.serving = serving
-        self.keys = keys
+        self.keys = serving.keys
         self.access_log = AccessLog(access) if serving.settings.access_log else None
 
     def authenticate(self, context: grpc.aio.ServicerContext) -> str | None:

@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from service.core.caller import Caller
+from service.core.deadlines import deadline, oip_timeout
 from service.errors import ServiceError
 from service.grpc import tensors
 from service.grpc.calls import INTERNAL_MESSAGE, Calls, failed, rpc, wait
 from service.grpc.generated import grpc_service_pb2 as pb
 from service.grpc.generated import model_config_pb2
 from service.grpc.generated.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
-from service.http.common import Caller
-from service.http.deadlines import deadline, oip_timeout
 from service.logs import new_request_id
 from service.oip import operations
 from service.registry import Status

@@ -1,4 +1,4 @@
-"""What the request handlers share: validation, JSON in and out, and the client-gone error.
+"""What the request handlers share: JSON in and out, the caller of a request, and the client-gone error.
 
 JSON goes through orjson: on the classify path ``json.dumps`` of a 16-image answer took 140 us of
 the event loop and orjson takes 6 us; parsing a 16-image body drops from 14 to 5 us.
@@ -7,16 +7,17 @@ the event loop and orjson takes 6 us; parsing a 16-image body drops from 14 to 5
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.types import Receive
 
-from service.errors import InvalidField, InvalidJSON, ServiceError
+from service.core.caller import Caller, KeyedStore
+from service.errors import InvalidJSON, ServiceError
+from service.schemas import validated
 
 JSON_TYPE = "application/json"
 Schema = TypeVar("Schema", bound=BaseModel)
@@ -26,24 +27,6 @@ class ClientClosedRequest(ServiceError):
     """The client went away before its answer was ready (nginx's 499); nobody reads this answer."""
 
     status, code = 499, "client_closed_request"
-
-
-def validated(schema: type[Schema], data: object) -> Schema:
-    """``data`` as ``schema``, or 422 ``invalid_field`` naming every field that does not fit."""
-    try:
-        return schema.model_validate(data)
-    except ValidationError as e:
-        raise InvalidField(describe_validation(e.errors(include_url=False, include_input=False))) from e
-
-
-def describe_validation(errors: list[Any]) -> str:
-    """``top_k: Input should be less than or equal to 10; ...`` from pydantic's error list."""
-    parts = []
-    for e in errors[:10]:
-        where = ".".join(str(p) for p in e.get("loc", ())) or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
-    more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
-    return "; ".join(parts) + more
 
 
 def parse_json_body(raw: bytes, schema: type[Schema]) -> Schema:
@@ -60,38 +43,9 @@ def dump_json(body: Any) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-class KeyedStore:
-    """The attention store as one request sees it: the records it stores belong to its API key."""
-
-    def __init__(self, store: Any, owner: str | None) -> None:
-        self.store, self.owner = store, owner
-
-    async def put(self, record: Any) -> str:
-        record.owner = self.owner
-        return await self.store.put(record)
-
-
 def attention_store(request: Request, store: Any) -> KeyedStore:
     """Where a request's attention records go: ``store``, owned by the request's key (None: keys are off)."""
     return KeyedStore(store, request.scope.get("key_id"))
-
-
-Wait = Callable[[asyncio.Future, Callable[[], None]], Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class Caller:
-    """What queued work needs to know of the transport a request came by, so that REST and gRPC handlers
-    share one path to the engines: the key it presented (its fingerprint; None: keys are off), which
-    owns the attention records it stores, and how to await an answer, ``wait(answer, abandon)``, calling
-    ``abandon()`` when the client goes away first (HTTP: ``answer_or_disconnect``; gRPC: the call's
-    cancellation)."""
-
-    key_id: str | None
-    wait: Wait
-
-    def store(self, store: Any) -> KeyedStore:
-        return KeyedStore(store, self.key_id)
 
 
 def http_caller(request: Request) -> Caller:

@@ -14,7 +14,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import ServiceError, error_answer
+from service.errors import ServiceError
+from service.http.errors import error_answer
 
 ALLOWED_HEADERS = (
     "Authorization",

@@ -1,22 +1,19 @@
-"""How long a request may take: its deadline, from the settings and from what its client asks for.
+"""A request's deadline over HTTP: ``X-Request-Timeout``, and the deadline counted by route.
 
-A request must be answered within ``ATTNSERVE_REQUEST_TIMEOUT_S`` of its arrival, unless the client
-asks for another time: ``X-Request-Timeout: <seconds>`` on any route that queues work, or the Open
-Inference Protocol's ``timeout`` request parameter (microseconds, as Triton's clients send it); with
-both, the shorter. No request gets more than ``ATTNSERVE_MAX_REQUEST_TIMEOUT_S``. The engines keep
-the deadline (``service/engine/``): past it, a request leaves its queue or decode batch and gets 504
-``deadline_exceeded``, counted here by route.
+``X-Request-Timeout: <seconds>`` on any route that queues work asks for a deadline as the OIP
+``timeout`` parameter and a gRPC call's deadline do; ``service/core/deadlines.py`` makes the
+deadline of what a request asks for. A request answered 504 ``deadline_exceeded`` is counted here by
+route.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from typing import Any
 
 from starlette.requests import Request
 from starlette.types import Scope
 
+from service.core.deadlines import deadline
 from service.errors import InvalidTimeout
 from service.settings import Settings
 
@@ -41,15 +38,6 @@ def request_deadline(
     return deadline(settings, header_timeout(request), asked_s, arrived=arrived)
 
 
-def deadline(settings: Settings, *asked_s: float | None, arrived: float | None = None) -> float:
-    """The ``time.monotonic()`` deadline of a request that asks for the timeouts ``asked_s`` (None: not
-    asked): the shortest, capped at ``ATTNSERVE_MAX_REQUEST_TIMEOUT_S``; none: ``ATTNSERVE_REQUEST_TIMEOUT_S``.
-    Whatever the transport: REST (``request_deadline``) and gRPC (the call's deadline) both end here."""
-    asked = [s for s in asked_s if s is not None]
-    seconds = min(*asked, settings.max_request_timeout_s) if asked else settings.request_timeout_s
-    return (time.monotonic() if arrived is None else arrived) + seconds
-
-
 def header_timeout(request: Request) -> float | None:
     """``X-Request-Timeout`` in seconds (a plain decimal number above 0), or None without one; 400 if malformed."""
     value = request.headers.get(HEADER)
@@ -59,16 +47,6 @@ def header_timeout(request: Request) -> float | None:
     if not _SECONDS.fullmatch(value):
         raise InvalidTimeout(f"{HEADER}: must be a number of seconds above 0 such as 2.5, got {value[:40]!r}")
     return float(value)
-
-
-def oip_timeout(parameters: dict[str, Any]) -> float | None:
-    """The OIP request parameter ``timeout`` (microseconds, an integer) in seconds; 0 or absent: None."""
-    value = parameters.get("timeout")
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidTimeout(f"parameter timeout: must be a whole number of microseconds, got {value!r}")
-    return value / 1e6 if value else None  # Triton reads 0 as "no timeout asked for"
 
 
 def count_exceeded(scope: Scope) -> None:

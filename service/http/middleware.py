@@ -12,7 +12,8 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import BodyTooLarge, InvalidContentLength, RequestTimeout, error_answer, internal_error_response
+from service.errors import BodyTooLarge, InvalidContentLength, RequestTimeout
+from service.http.errors import error_answer, internal_error_response
 from service.logs import REQUEST_ID_HEADER, AccessLog, bind_request_id, unbind_request_id
 from service.metrics import Metrics
 

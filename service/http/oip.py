@@ -4,7 +4,7 @@ An inference request is a JSON object (``inputs``: name, shape, datatype, data o
 with the binary tensor data extension, a JSON header of ``Inference-Header-Content-Length`` bytes
 followed by the inputs' raw data in the order they are listed (each with its ``binary_data_size``).
 Raw data is little-endian and row-major; a ``BYTES`` element is a 4-byte length and its bytes.
-Errors under ``/v2`` are the protocol's body, ``{"error": "..."}`` (``service.errors.error_format``).
+Errors under ``/v2`` are the protocol's body, ``{"error": "..."}`` (``service.http.errors.error_format``).
 """
 
 from __future__ import annotations

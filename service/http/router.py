@@ -5,7 +5,7 @@ says about it (``service/http/openapi.py`` builds the document from the same dec
 ``Router`` is the innermost ASGI app: exact paths by a dictionary lookup, ``{param}`` paths by
 their pattern, 404 and 405 for the rest; it calls ``handler(request, serving)`` (plus the
 validated query parameters for routes that declare them) and turns a ``ServiceError`` or an HTTP
-error raised on the way into the JSON error body of its path (``service.errors.error_format``: the
+error raised on the way into the JSON error body of its path (``service.http.errors.error_format``: the
 Open Inference Protocol's under ``/v2``, the service's elsewhere). Anything else propagates to
 ``RequestContextMiddleware``, which logs it and answers 500.
 
@@ -29,12 +29,12 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
-from service.errors import DeadlineExceeded, ServiceError, error_format, is_protocol_path, log_server_error
-from service.http.admission import InFlight
-from service.http.auth import Keys
-from service.http.common import validated
+from service.core.admission import InFlight
+from service.core.keys import Keys
+from service.errors import DeadlineExceeded, ServiceError, log_server_error
 from service.http.deadlines import count_exceeded
-from service.schemas import ErrorResponse, ProtocolErrorResponse
+from service.http.errors import error_format, is_protocol_path
+from service.schemas import ErrorResponse, ProtocolErrorResponse, validated
 
 Handler = Callable[..., Awaitable[Response]]
 
@@ -77,7 +77,7 @@ class Route:
 
     @property
     def error_model(self) -> type[BaseModel]:
-        """The error body its answers have (``service.errors.error_format``), for the OpenAPI document."""
+        """The error body its answers have (``service.http.errors.error_format``), for the OpenAPI document."""
         return ProtocolErrorResponse if is_protocol_path(self.path) else ErrorResponse
 
     @property
@@ -106,7 +106,7 @@ class Router:
     With ``keys``, a route that needs one is answered 401 without a valid key; the key's fingerprint
     is kept in ``scope["key_id"]`` for the access log and for the attention records it owns. With
     ``in_flight``, a route that queues work (``Route.deadline``) is answered 503 ``overloaded`` while
-    that many requests of such routes are in flight (``service/http/admission.py``).
+    that many requests of such routes (or gRPC calls that queue work) are in flight (``service/core/admission.py``).
     """
 
     def __init__(

@@ -3,7 +3,8 @@
 What ``GET /v2/models/{name}``, ``POST .../infer`` (``service/http/routes/oip.py``) and their gRPC
 twins (``service/grpc/``) do once their wire format is read: find the model version, describe it,
 and run an inference request on the model's own batcher or scheduler, with the native routes'
-requests, so that every transport is batched together and has the same limits and errors.
+requests, so that every transport is batched together and has the same limits and errors: the
+classification and translation themselves are ``service/core/classify.py``'s and ``translate.py``'s.
 
 - Image classifier: one input, ``images`` (BYTES [N]: encoded image files; base64 text when they
   came as JSON) or ``pixels`` (FP32 [N, C, H, W], preprocessed as the model was trained); output
@@ -25,15 +26,15 @@ import numpy as np
 
 from service import __version__
 from service.classifier import TASK as IMAGE_CLASSIFICATION
+from service.core.caller import Caller
+from service.core.classify import attach_attention, decode_images
+from service.core.serving import Serving
+from service.core.translate import translate_texts
 from service.errors import InvalidBase64, InvalidField, ModelNotFound
-from service.http.common import Caller, validated
-from service.http.model_config import PLATFORM, model_config, tensors
-from service.http.routes.classify import attach_attention, decode_images
-from service.http.routes.translate import translate_texts
-from service.http.serving import Serving
+from service.oip.model_config import PLATFORM, model_config, tensors
 from service.oip.tensors import InferRequest, Output, Tensor
 from service.registry import ServedModel
-from service.schemas import ClassifyOptions, TranslateRequest
+from service.schemas import ClassifyOptions, TranslateRequest, validated
 from service.statistics import model_statistics
 from service.translator import TASK as TRANSLATION
 

@@ -63,7 +63,7 @@ def server(tiny_vit_repository, tmp_path_factory) -> Iterator[SubprocessServer]:
 @pytest.fixture
 def thread_server(tiny_vit_repository):
     """Factory: ``with thread_server(**settings) as srv:`` serves a fresh app in this process."""
-    from service.http.app import create_app
+    from service.process import create_app
     from service.settings import Settings
 
     def make(**overrides) -> ThreadServer:

@@ -10,8 +10,8 @@ from tests.service.service_testing import ROOT
 
 PROBE = """
 import json, sys
-import service.http.app, service.__main__
-service.http.app.create_app()
+import service.process, service.__main__
+service.process.create_app()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "torchvision", "model", "export", "onnx"})
 print(json.dumps(heavy))
 """

@@ -20,10 +20,10 @@ from service.attention.rollout import Fusion
 from service.attention.store import AttentionStore
 from service.attention.views import as_json, as_npz, axis_tokens, map_names, select, vit_rollout
 from service.classifier import TASK as IMAGE_CLASSIFICATION
+from service.core.serving import Serving
 from service.errors import AttentionNotFound, InvalidField
 from service.http.common import JSON_TYPE
 from service.http.router import Route
-from service.http.serving import Serving
 
 NPZ_TYPES = ("application/x-npz", "application/octet-stream")
 

@@ -1,9 +1,9 @@
 """``POST /classify``: images in (JSON base64 or multipart files), top-k labels out.
 
 One handler for both encodings, so both share validation, decoding and batching exactly and can
-never disagree. The handler decodes the images, then queues them on the model's batcher, which
-normalises them as they are queued, runs onnxruntime on an instance thread and ranks each batch
-on the event loop; if the client disconnects or the request's deadline passes meanwhile, it is
+never disagree. The handler reads the body into images and options; the classification itself
+(decode, queue, rank, attention) is ``service/core/classify.py``'s, which the Open Inference
+Protocol's ``infer`` runs too. A client that disconnects before its answer is ready has its images
 dropped before compute.
 """
 
@@ -12,36 +12,18 @@ from __future__ import annotations
 import base64
 import binascii
 
-import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.attention.capture import store_records, vit_record, vit_summary
-from service.classifier import Classifier
-from service.errors import (
-    ImageTooLarge,
-    InvalidBase64,
-    InvalidField,
-    InvalidMultipart,
-    ServiceError,
-    UnsupportedMediaType,
-)
-from service.http.common import (
-    JSON_TYPE,
-    KeyedStore,
-    answer_or_disconnect,
-    attention_store,
-    dump_json,
-    parse_json_body,
-    validated,
-)
+from service.core import classify as classification
+from service.core.serving import Serving
+from service.errors import ImageTooLarge, InvalidBase64, InvalidField, InvalidMultipart, UnsupportedMediaType
+from service.http.common import JSON_TYPE, dump_json, http_caller, parse_json_body
 from service.http.deadlines import request_deadline
 from service.http.router import Route
-from service.http.serving import Serving
-from service.images import ImageDecoder
-from service.schemas import ClassifyJSONRequest, ClassifyOptions, ClassifyResponse, bounded_by
+from service.schemas import ClassifyJSONRequest, ClassifyOptions, ClassifyResponse, bounded_by, validated
 from service.settings import Settings
 
 MULTIPART_TYPE = "multipart/form-data"
@@ -50,41 +32,12 @@ FORM_OPTION_FIELDS = ("top_k", "model", "return_attention", "rollout_fusion")
 
 async def classify(request: Request, serving: Serving) -> Response:
     """Top-k labels with softmax scores for each image, in request order."""
-    registry, settings, decoder = serving.registry, serving.settings, serving.decoder
-    deadline = request_deadline(request, settings)
-    with registry.intake.receiving():
-        images, options = await _read_request(request, settings)
-        served = registry.get(options.model)
-        classifier, batcher = served.classifier, served.batcher
-        if classifier is None or batcher is None:  # READY models always have both
-            raise RuntimeError(f"model {served.key} is ready without a session")
-        _check_options(options, classifier, settings)
-        rows = await decode_images(images, classifier, decoder)
-        future = batcher.submit(rows, attention=options.return_attention, deadline=deadline)
-    ranked = await answer_or_disconnect(future, request.receive, future.cancel)
-    results = [{"top_k": top} for top in classifier.top_k(ranked, options.top_k)]
-    if options.return_attention:  # the batch computed attention, since this request asked for it
-        store = attention_store(request, serving.attention)
-        await attach_attention(results, ranked.attention, rows, classifier, options, store)
-    body = {"model": classifier.name, "version": classifier.version, "results": results}
+    deadline = request_deadline(request, serving.settings)
+    with serving.registry.intake.receiving():
+        images, options = await _read_request(request, serving.settings)
+        queued = await classification.queue(serving, images, options, deadline)
+    body = await classification.answer(serving, http_caller(request), queued, options)
     return Response(dump_json(body), media_type=JSON_TYPE)
-
-
-async def attach_attention(
-    results: list[dict],
-    maps: np.ndarray | None,
-    rows: np.ndarray,
-    classifier: Classifier,
-    options: ClassifyOptions,
-    store: KeyedStore,
-) -> None:
-    spec = classifier.attention
-    assert spec is not None and maps is not None  # _check_options refused the request otherwise
-    records = []
-    for result, attention, pixels in zip(results, maps, rows):
-        result["attention"] = vit_summary(spec, attention, options.rollout_fusion)
-        records.append(vit_record(classifier.name, classifier.version, spec, attention, pixels, result["top_k"][0]))
-    await store_records(store, records, results)
 
 
 async def _read_request(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:
@@ -156,30 +109,6 @@ async def _read_multipart(request: Request, settings: Settings) -> tuple[list[by
         raise InvalidField("no `file` part in the multipart body")
     _check_count(len(images), settings)
     return images, validated(ClassifyOptions, fields)
-
-
-def _check_options(options: ClassifyOptions, classifier: Classifier, settings: Settings) -> None:
-    if options.return_attention and classifier.attention is None:
-        raise InvalidField(f"model {classifier.name} exports no attention output; omit return_attention")
-    limit = min(settings.max_top_k, len(classifier.labels))
-    if options.top_k > limit:
-        raise InvalidField(
-            f"top_k: must be at most {limit} (model {classifier.name} has {len(classifier.labels)} labels, "
-            f"the service allows {settings.max_top_k})"
-        )
-
-
-async def decode_images(images: list[bytes], classifier: Classifier, decoder: ImageDecoder) -> np.ndarray:
-    prep = classifier.preprocessing
-    pixels = []
-    for i, data in enumerate(images):
-        try:
-            pixels.append(await decoder.decode(data, prep.image_size, prep.color_mode, prep.resize, prep.resize_size))
-        except ServiceError as e:
-            if len(images) > 1:
-                e.message = f"images[{i}]: {e.message}"
-            raise
-    return prep.stack(pixels)
 
 
 def _multipart_schema() -> dict:

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 
+from service.core.serving import Serving
 from service.http.common import JSON_TYPE, dump_json
 from service.http.router import Route
-from service.http.serving import Serving
 
 ASSETS = "/docs/assets"
 _FILES = StaticFiles(directory=Path(fastapi_offline.__file__).parent / "static")

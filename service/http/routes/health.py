@@ -10,9 +10,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.core.serving import Serving
 from service.http.common import JSON_TYPE, dump_json
 from service.http.router import Route
-from service.http.serving import Serving
 from service.schemas import HealthResponse, NotReadyResponse, ReadinessResponse
 
 _OK = dump_json({"status": "ok"})

@@ -5,8 +5,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.core.serving import Serving
 from service.http.router import Route
-from service.http.serving import Serving
 
 
 async def metrics(request: Request, serving: Serving) -> Response:

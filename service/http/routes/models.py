@@ -5,9 +5,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.core.serving import Serving
 from service.http.common import JSON_TYPE, dump_json
 from service.http.router import Route
-from service.http.serving import Serving
 from service.schemas import ModelsResponse
 
 

@@ -15,7 +15,7 @@ overload answers the same (503 with ``Retry-After``); errors have the protocol's
 - ``return_attention: true`` (request parameter) adds ``attention_id`` (BYTES [N]): ids that
   ``GET /attention/{id}`` serves.
 - ``timeout`` (request parameter, microseconds, as Triton's clients send it) shortens the request's
-  deadline as ``X-Request-Timeout`` does (``service/http/deadlines.py``).
+  deadline as ``X-Request-Timeout`` does (``service/core/deadlines.py``).
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.errors import InvalidField, UnsupportedMediaType, protocol_error_response
+from service.core.deadlines import oip_timeout
+from service.core.serving import Serving
+from service.errors import InvalidField, UnsupportedMediaType
 from service.http import oip
 from service.http.common import JSON_TYPE, dump_json, http_caller
-from service.http.deadlines import oip_timeout, request_deadline
+from service.http.deadlines import request_deadline
+from service.http.errors import protocol_error_response
 from service.http.router import Route
-from service.http.serving import Serving
 from service.oip import operations
 from service.registry import ServedModel, Status
 

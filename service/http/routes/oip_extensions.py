@@ -1,6 +1,6 @@
 """Triton's extensions of the Open Inference Protocol that its tools read: model configuration, statistics.
 
-- ``GET /v2/models/{name}[/versions/{version}]/config``: ``service/http/model_config.py``'s
+- ``GET /v2/models/{name}[/versions/{version}]/config``: ``service/oip/model_config.py``'s
   configuration of the version the path names (or of the one answering unpinned requests);
 - ``GET /v2/models/stats``, ``GET /v2/models/{name}[/versions/{version}]/stats``: the statistics of
   every loaded version, of every version of the model, or of the one version
@@ -12,10 +12,10 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from service.core.serving import Serving
 from service.http.common import JSON_TYPE
 from service.http.router import Route
 from service.http.routes.oip import json_answer, served_model
-from service.http.serving import Serving
 from service.oip import operations
 
 

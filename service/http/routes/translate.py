@@ -1,16 +1,16 @@
 """``POST /translate``: English text in, German out, decoded by the model's continuous-batching scheduler.
 
-The handler validates and tokenises on the event loop (cheap), queues one decoding request per text
-and waits; if the client disconnects or the request's deadline passes meanwhile, its requests leave
-the running batch at the next step. With ``stream: true`` the answer is ``text/event-stream``: a
-``token`` event per generated token (greedy decoding; beam search only knows its best hypothesis at
-the end), then one ``done`` event with the same result a non-streamed request gets, or an ``error``
-event if decoding fails or the deadline passes after the stream began.
+The handler reads and checks the body; the translation itself is ``service/core/translate.py``'s,
+which the Open Inference Protocol's ``infer`` runs too: tokenised on the event loop (cheap), one
+decoding request per sentence queued, and if the client disconnects or the request's deadline passes
+meanwhile, its requests leave the running batch at the next step. With ``stream: true`` the answer
+is ``text/event-stream``: a ``token`` event per generated token (greedy decoding; beam search only
+knows its best hypothesis at the end), then one ``done`` event with the same result a non-streamed
+request gets, or an ``error`` event if decoding fails or the deadline passes after the stream began.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -19,18 +19,19 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Scope
 
 from contract.translation_text import labels, render
-from service.attention.capture import join_translation_maps, store_records, translation_record, translation_summary
-from service.engine.scheduler import Scheduler, Ticket
-from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType, error_body
-from service.http.common import JSON_TYPE, Caller, KeyedStore, attention_store, http_caller, parse_json_body
+from service.core.caller import KeyedStore
+from service.core.serving import Serving
+from service.core.translate import answer, decode_jobs, translate_texts
+from service.engine.scheduler import Ticket
+from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType
+from service.http.common import JSON_TYPE, attention_store, http_caller, parse_json_body
 from service.http.deadlines import count_exceeded, request_deadline
+from service.http.errors import error_body
 from service.http.openapi import REF
 from service.http.router import Route
-from service.http.serving import Serving
-from service.registry import ServedModel
 from service.schemas import TranslateRequest, TranslateResponse
 from service.settings import Settings
-from service.translator import TASK, Job, Limits, Translator
+from service.translator import TASK, Job, Translator
 
 
 async def translate(request: Request, serving: Serving) -> Response:
@@ -51,47 +52,6 @@ async def translate(request: Request, serving: Serving) -> Response:
     return Response(json.dumps(result, ensure_ascii=False).encode(), media_type=JSON_TYPE)
 
 
-def decode_jobs(
-    served: ServedModel, settings: Settings, body: TranslateRequest
-) -> tuple[Translator, Scheduler, list[Job]]:
-    """The model's translator and scheduler, and one job per text (a decoding request per sentence), every
-    option checked."""
-    translator, scheduler = served.translator, served.scheduler
-    if translator is None or scheduler is None:  # READY translation models always have both
-        raise RuntimeError(f"model {served.key} is ready without a scheduler")
-    if body.return_attention and not translator.has_attention:
-        raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
-    default_beam = 1 if body.stream else translator.default_beam  # a stream's tokens come from greedy decoding
-    jobs = translator.jobs(
-        body.all_texts,
-        protect=body.protect_placeholders,
-        beam_size=default_beam if body.beam_size is None else body.beam_size,
-        length_penalty=translator.default_length_penalty if body.length_penalty is None else body.length_penalty,
-        num_return_sequences=body.num_return_sequences,
-        max_new_tokens=body.max_new_tokens,
-        limits=Limits(
-            settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
-        ),
-    )
-    return translator, scheduler, jobs
-
-
-async def translate_texts(
-    caller: Caller, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
-) -> dict:
-    """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed request."""
-    translator, scheduler, jobs = decode_jobs(served, serving.settings, body)
-    tickets = scheduler.submit([r for job in jobs for r in job.requests], deadline=deadline)
-
-    def abandon() -> None:
-        for t in tickets:
-            t.cancel()
-
-    await caller.wait(asyncio.gather(*(t.future for t in tickets)), abandon)
-    store = caller.store(serving.attention) if body.return_attention else None
-    return await answer(translator, jobs, body.num_return_sequences > 1, store)
-
-
 async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != JSON_TYPE:
@@ -103,37 +63,6 @@ async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
     if body.stream and len(texts) != 1:
         raise InvalidField("stream: true takes exactly one text")
     return body
-
-
-async def answer(translator: Translator, jobs: list[Job], nbest: bool, store: KeyedStore | None) -> dict:
-    results = [translator.result(job, nbest) for job in jobs]
-    if store is not None:
-        await _attach_attention(results, jobs, translator, store)
-    return {"model": translator.name, "version": translator.version, "results": results}
-
-
-async def _attach_attention(results: list[dict], jobs: list[Job], translator: Translator, store: KeyedStore) -> None:
-    """The returned hypotheses' attention, computed now (off the event loop), summarised and stored: one record
-    per text, its sentences' maps as the blocks of one map (``join_translation_maps``)."""
-    requests = [r for job in jobs for r in job.requests]
-    best = [r.results()[0] for r in requests]
-    maps = iter(await asyncio.to_thread(translator.attention, [r.source for r in requests], best))
-    hypotheses = iter(best)
-    records = []
-    for result, job in zip(results, jobs):
-        parts, generated, fed = [], [], []
-        for sentence in job.plan.sentences:
-            parts.append(next(maps))
-            made, given = translator.target_pieces(next(hypotheses), sentence)
-            generated += made
-            fed += given
-        m = join_translation_maps(parts)
-        source = result["source_tokens"]
-        result["attention"] = translation_summary(m["cross_attention"], source, generated)
-        records.append(
-            translation_record(translator.name, translator.version, m, source, generated, fed, result["translation"])
-        )
-    await store_records(store, records, results)
 
 
 def _sse(event: str, data: dict) -> bytes:

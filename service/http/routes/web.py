@@ -13,10 +13,10 @@ from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from service.classifier import TASK as IMAGE_CLASSIFICATION
+from service.core.serving import Serving
 from service.errors import ServiceError
 from service.http.common import JSON_TYPE, dump_json
 from service.http.router import Route
-from service.http.serving import Serving
 from service.registry import Status
 from service.translator import TASK as TRANSLATION
 

@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from service.http.auth import hash_key
+from service.core.keys import hash_key
 from tests.service.service_testing import free_port, metric_value, wait_until
 from tests.service.test_serving_states import GatedRun
 

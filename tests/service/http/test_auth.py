@@ -18,7 +18,7 @@ import tritonclient.http as triton
 from attnserve_client import Client, NotFoundError
 from tritonclient.utils import InferenceServerException
 
-from service.http.auth import hash_key
+from service.core.keys import hash_key
 from service.http.routes import ROUTES
 from tests.conftest import ROOT
 from tests.service.service_testing import serving, wait_until

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from service.http.auth import hash_key
+from service.core.keys import hash_key
 from tests.service.service_testing import serving
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")

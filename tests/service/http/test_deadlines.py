@@ -46,7 +46,7 @@ def shipped(tmp_path_factory, name: str) -> Path:
 
 
 def app(repository: Path, **overrides):
-    from service.http.app import create_app
+    from service.process import create_app
     from service.settings import Settings
 
     base = {k.removeprefix("ATTNSERVE_").lower(): v for k, v in BASE_ENV.items()}

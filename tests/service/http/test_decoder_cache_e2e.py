@@ -13,7 +13,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from service.http.app import create_app
+from service.process import create_app
 from service.settings import Settings
 from tests.conftest import ROOT, SHIPPED_TRANSLATOR
 from tests.service.service_testing import BASE_ENV, ThreadServer

@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from service.core.keys import Keys
 from service.errors import InvalidTimeout, Overloaded
-from service.http.auth import Keys
 from service.http.deadlines import TIMEOUT_PATTERN, header_timeout
 from service.http.openapi import openapi_document
 from service.http.router import Route, Router

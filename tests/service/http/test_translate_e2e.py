@@ -183,7 +183,7 @@ def test_bad_bodies(server):
 def slow_server(repository, monkeypatch):
     """An in-process server whose decoder steps take >= 20 ms (the real step, behind a delay)."""
     from service.engine import scheduler
-    from service.http.app import create_app
+    from service.process import create_app
     from service.settings import Settings
     from tests.service.service_testing import ThreadServer
 

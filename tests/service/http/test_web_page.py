@@ -203,7 +203,7 @@ def test_the_translator_says_what_it_is_for_and_marks_its_samples(page, server):
 def test_with_api_keys_the_page_asks_for_one_and_then_works(page, tmp_path):
     """The service requires a key: the page shows its key form, and with the key it lists the models,
     shows the sample images and classifies one, its heatmap fetched with the key."""
-    from service.http.auth import hash_key
+    from service.core.keys import hash_key
 
     key = "web-page-key-31c9"
     with serving(tmp_path, ROOT / "models", api_key_hashes=f'["{hash_key(key)}"]') as srv:

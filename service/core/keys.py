@@ -1,6 +1,7 @@
-"""Optional API keys: ``Authorization: Bearer <key>`` checked against the sha256 hashes in the settings.
+"""Optional API keys: a presented ``Bearer <key>`` checked against the sha256 hashes in the settings.
 
-The service holds hashes only (``ATTNSERVE_API_KEY_HASHES``, or a file of them such as a mounted
+Every transport presents the key the same way, ``Authorization: Bearer <key>``: as an HTTP header, or as
+gRPC metadata (``authorization``). The service holds hashes only (``ATTNSERVE_API_KEY_HASHES``, or a file of them such as a mounted
 Kubernetes Secret), never keys. A presented key is hashed and compared with every accepted hash in
 constant time. A key is known afterwards by its fingerprint (the first 12 hex digits of its hash):
 the access log names it, and attention records belong to it. Keys themselves are never logged.
@@ -13,6 +14,7 @@ import hmac
 from pathlib import Path
 
 from service.errors import ServiceError
+from service.settings import Settings
 
 FINGERPRINT_CHARS = 12
 
@@ -22,7 +24,7 @@ class Unauthorized(ServiceError):
 
 
 def hash_key(key: str) -> str:
-    """What to put in ``ATTNSERVE_API_KEY_HASHES`` for ``key`` (``python -m service.http.auth KEY`` prints it)."""
+    """What to put in ``ATTNSERVE_API_KEY_HASHES`` for ``key`` (``python -m service.core.keys KEY`` prints it)."""
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -42,6 +44,12 @@ def check_hashes(hashes: list[str] | tuple[str, ...]) -> None:
     bad = [h for h in hashes if len(h) != 64 or any(c not in "0123456789abcdefABCDEF" for c in h)]
     if bad:
         raise ValueError(f"{len(bad)} API key hashes are not sha256 hex digests (64 hex digits); hash the keys first")
+
+
+def load_keys(settings: Settings) -> Keys | None:
+    """The keys the settings accept, or None when keys are off (no hashes configured)."""
+    hashes = read_hashes(settings.api_key_hashes, settings.api_key_hashes_file)
+    return Keys(hashes) if hashes else None
 
 
 class Keys:
@@ -72,5 +80,5 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m service.http.auth KEY   (prints the sha256 hash to configure)")
+        sys.exit("usage: python -m service.core.keys KEY   (prints the sha256 hash to configure)")
     print(hash_key(sys.argv[1]))

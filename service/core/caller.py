@@ -1,0 +1,44 @@
+"""Who asks, as the operations see it, whatever the transport: the caller's key and how to await its answer.
+
+An operation that queues work (``service/core/classify.py``, ``translate.py``, the Open Inference
+Protocol's ``infer``) needs two things of the transport a request came by: the key it presented,
+which owns the attention records it stores, and how to wait for an answer while watching for the
+client going away. HTTP builds a ``Caller`` from its request (``service/http/common.http_caller``),
+gRPC from its call (``service/grpc/calls.wait``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class KeyedStore:
+    """The attention store as one request sees it: the records it stores belong to its API key."""
+
+    def __init__(self, store: Any, owner: str | None) -> None:
+        self.store, self.owner = store, owner
+
+    async def put(self, record: Any) -> str:
+        record.owner = self.owner
+        return await self.store.put(record)
+
+
+Wait = Callable[[asyncio.Future, Callable[[], None]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What queued work needs to know of the transport a request came by, so that REST and gRPC handlers
+    share one path to the engines: the key it presented (its fingerprint; None: keys are off), which
+    owns the attention records it stores, and how to await an answer, ``wait(answer, abandon)``, calling
+    ``abandon()`` when the client goes away first (HTTP: ``answer_or_disconnect``; gRPC: the call's
+    cancellation)."""
+
+    key_id: str | None
+    wait: Wait
+
+    def store(self, store: Any) -> KeyedStore:
+        return KeyedStore(store, self.key_id)

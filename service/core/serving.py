@@ -1,0 +1,89 @@
+"""The running service's parts, built once at start-up and stopped at shutdown, whatever serves them.
+
+``running`` builds them (models loaded in the background, so that readiness can say "not yet, and
+why"), yields a ``Serving``, and stops them in order when the transports are done: loading and
+polling first, then the engines (queued work answered or refused), the attention store, the image
+decoder. Every HTTP handler and gRPC call receives the same ``Serving``, so a handler never reaches
+into globals, and both transports share the keys and the in-flight bound as they share the queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import onnxruntime as ort
+
+from service import __version__
+from service.attention.store import AttentionStore, create_store
+from service.core.admission import InFlight
+from service.core.keys import Keys
+from service.images import ImageDecoder, ImageLimits
+from service.lifecycle import Lifecycle
+from service.logs import flush_access_logs
+from service.memory import release_every
+from service.metrics import Metrics
+from service.registry import Registry
+from service.runtime import available_providers, check_gpu_available
+from service.settings import Settings
+
+log = logging.getLogger("attnserve.app")
+
+
+@dataclass(frozen=True)
+class Serving:
+    settings: Settings
+    metrics: Metrics
+    registry: Registry
+    decoder: ImageDecoder
+    attention: AttentionStore
+    lifecycle: Lifecycle
+    keys: Keys | None  # None: keys are off
+    in_flight: InFlight  # requests that queue work, over every transport
+
+
+@contextlib.asynccontextmanager
+async def running(
+    settings: Settings, metrics: Metrics, keys: Keys | None, in_flight: InFlight
+) -> AsyncIterator[Serving]:
+    """The service's parts, its models loading in the background; stopped when the block ends."""
+    check_gpu_available(settings)  # require_gpu without a CUDA-capable onnxruntime: refuse to start at all
+    log.info(
+        "starting attnserve %s: repository %s, onnxruntime %s offering %s, max_batch_size %d",
+        __version__,
+        settings.model_repository.resolve(),
+        ort.__version__,
+        available_providers(),
+        settings.max_batch_size,
+    )
+    registry = Registry(settings, metrics)
+    decoder = ImageDecoder(
+        ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.image_formats),
+        inline_max_pixels=settings.inline_decode_max_pixels,
+        threads=settings.decode_threads,
+    )
+    store = create_store(settings, metrics.for_attention_store())
+    lifecycle = Lifecycle(registry)
+    serving = Serving(settings, metrics, registry, decoder, store, lifecycle, keys, in_flight)
+    loading = asyncio.create_task(registry.load(), name="load-models")
+    if settings.repository_poll_s > 0:
+        lifecycle.start_polling(settings.repository_poll_s)
+    releasing = asyncio.create_task(release_every(settings.memory_release_s)) if settings.memory_release_s else None
+    try:
+        yield serving
+    finally:
+        if releasing is not None:
+            releasing.cancel()
+        registry.stop_loading()
+        loading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loading
+        await lifecycle.stop()
+        await registry.close()
+        await store.close()
+        decoder.close()
+        flush_access_logs()
+        log.info("stopped")

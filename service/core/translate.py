@@ -1,0 +1,96 @@
+"""Translation as an operation: texts and options in, translations (and attention) out.
+
+What ``POST /translate`` (``service/http/routes/translate.py``, which also streams) and the Open
+Inference Protocol's ``infer`` on a translator (``service/oip/operations.py``, over REST and gRPC) do
+once they have read their request: cut each text into sentences, queue one decoding request per
+sentence on the model's continuous-batching scheduler, and wait; if the client goes away or the
+request's deadline passes meanwhile, its requests leave the running batch at the next step. With
+attention, each text's maps are computed once it is decoded, summarised and stored under an id its
+caller's key owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from service.attention.capture import join_translation_maps, store_records, translation_record, translation_summary
+from service.core.caller import Caller, KeyedStore
+from service.core.serving import Serving
+from service.engine.scheduler import Scheduler
+from service.errors import InvalidField
+from service.registry import ServedModel
+from service.schemas import TranslateRequest
+from service.settings import Settings
+from service.translator import Job, Limits, Translator
+
+
+def decode_jobs(
+    served: ServedModel, settings: Settings, body: TranslateRequest
+) -> tuple[Translator, Scheduler, list[Job]]:
+    """The model's translator and scheduler, and one job per text (a decoding request per sentence), every
+    option checked."""
+    translator, scheduler = served.translator, served.scheduler
+    if translator is None or scheduler is None:  # READY translation models always have both
+        raise RuntimeError(f"model {served.key} is ready without a scheduler")
+    if body.return_attention and not translator.has_attention:
+        raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
+    default_beam = 1 if body.stream else translator.default_beam  # a stream's tokens come from greedy decoding
+    jobs = translator.jobs(
+        body.all_texts,
+        protect=body.protect_placeholders,
+        beam_size=default_beam if body.beam_size is None else body.beam_size,
+        length_penalty=translator.default_length_penalty if body.length_penalty is None else body.length_penalty,
+        num_return_sequences=body.num_return_sequences,
+        max_new_tokens=body.max_new_tokens,
+        limits=Limits(
+            settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
+        ),
+    )
+    return translator, scheduler, jobs
+
+
+async def translate_texts(
+    caller: Caller, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
+) -> dict:
+    """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed request."""
+    translator, scheduler, jobs = decode_jobs(served, serving.settings, body)
+    tickets = scheduler.submit([r for job in jobs for r in job.requests], deadline=deadline)
+
+    def abandon() -> None:
+        for t in tickets:
+            t.cancel()
+
+    await caller.wait(asyncio.gather(*(t.future for t in tickets)), abandon)
+    store = caller.store(serving.attention) if body.return_attention else None
+    return await answer(translator, jobs, body.num_return_sequences > 1, store)
+
+
+async def answer(translator: Translator, jobs: list[Job], nbest: bool, store: KeyedStore | None) -> dict:
+    results = [translator.result(job, nbest) for job in jobs]
+    if store is not None:
+        await _attach_attention(results, jobs, translator, store)
+    return {"model": translator.name, "version": translator.version, "results": results}
+
+
+async def _attach_attention(results: list[dict], jobs: list[Job], translator: Translator, store: KeyedStore) -> None:
+    """The returned hypotheses' attention, computed now (off the event loop), summarised and stored: one record
+    per text, its sentences' maps as the blocks of one map (``join_translation_maps``)."""
+    requests = [r for job in jobs for r in job.requests]
+    best = [r.results()[0] for r in requests]
+    maps = iter(await asyncio.to_thread(translator.attention, [r.source for r in requests], best))
+    hypotheses = iter(best)
+    records = []
+    for result, job in zip(results, jobs):
+        parts, generated, fed = [], [], []
+        for sentence in job.plan.sentences:
+            parts.append(next(maps))
+            made, given = translator.target_pieces(next(hypotheses), sentence)
+            generated += made
+            fed += given
+        m = join_translation_maps(parts)
+        source = result["source_tokens"]
+        result["attention"] = translation_summary(m["cross_attention"], source, generated)
+        records.append(
+            translation_record(translator.name, translator.version, m, source, generated, fed, result["translation"])
+        )
+    await store_records(store, records, results)
