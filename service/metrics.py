@@ -51,15 +51,30 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "attnserve_http_requests",
-            "Requests answered, by route template, method and status; a gRPC call counts under the route "
-            "`grpc:<RPC>` and the method `GRPC`, with the HTTP status its outcome would have had.",
+            "HTTP requests answered, by route template, method and status. Deprecated until 0.2.0: gRPC calls "
+            "also count here, under the route `grpc:<RPC>` and the method `GRPC` (see attnserve_grpc_calls).",
             ["route", "method", "status"],
             registry=r,
         )
         self.latency = Histogram(
             "attnserve_http_request_duration_seconds",
-            "Time from request start to the last response byte (a gRPC call: from its handler's start to its answer).",
+            "Time from request start to the last response byte. Deprecated until 0.2.0: gRPC calls also count "
+            "here, as in attnserve_http_requests.",
             ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.calls = Counter(
+            "attnserve_grpc_calls",
+            "gRPC calls answered, by RPC and gRPC status code; each request of a ModelStreamInfer stream counts as "
+            "a call.",
+            ["method", "code"],
+            registry=r,
+        )
+        self.call_latency = Histogram(
+            "attnserve_grpc_call_duration_seconds",
+            "Time from a gRPC call's handler start to its answer, by RPC.",
+            ["method"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -195,6 +210,7 @@ class Metrics:
         )
 
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._call_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
         self.attention_records = Gauge(
             "attnserve_attention_store_records", "Attention records kept (memory store).", registry=r
@@ -223,6 +239,16 @@ class Metrics:
             self._request_children[(route, method, status)] = children
         children[0].inc()
         children[1].observe(seconds)
+
+    def observe_call(self, method: str, code: str, status: int, seconds: float) -> None:
+        """A gRPC call ``method`` answered with ``code`` (``status``: the HTTP status of its outcome)."""
+        children = self._call_children.get((method, code))
+        if children is None:
+            children = (self.calls.labels(method, code), self.call_latency.labels(method))
+            self._call_children[(method, code)] = children
+        children[0].inc()
+        children[1].observe(seconds)
+        self.observe_request(f"grpc:{method}", "GRPC", status, seconds)  # the deprecated HTTP series, until 0.2.0
 
     def deadline_exceeded(self, route: str) -> None:
         self.deadline_exceeded_requests.labels(route).inc()

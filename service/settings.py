@@ -175,9 +175,9 @@ class Settings(BaseSettings):
         0,
         ge=0,
         le=1_000_000,
-        description="Requests that queue work (classify, translate, OIP infer) being read, queued or computed at once; "
-        "one more gets 503 `overloaded` at once, before its body is read. 0: `max_queue_images` + "
-        "`max_waiting_sequences`, the most requests the queues can hold.",
+        description="Requests that queue work (classify, translate, OIP infer over REST or gRPC) being read, queued or "
+        "computed at once; one more gets 503 `overloaded` (gRPC: `UNAVAILABLE`) at once, over HTTP before its body is "
+        "read. 0: `max_queue_images` + `max_waiting_sequences`, the most requests the queues can hold.",
     )
 
     # --- request limits -----------------------------------------------------------------------

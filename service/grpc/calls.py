@@ -1,13 +1,16 @@
-"""What every gRPC call shares with an HTTP request: its API key, deadline, metrics, access log and errors.
+"""What every gRPC call shares with an HTTP request: its API key, deadline, admission, metrics, log and errors.
 
 - Keys: ``authorization: Bearer <key>`` metadata, checked as the header is (``service/core/keys.py``);
   the calls the HTTP side leaves open (``ServerLive``, ``ServerReady``) are open here too.
 - Deadlines: the call's gRPC deadline counts as ``X-Request-Timeout`` does; with the OIP ``timeout``
   parameter too, the shorter (``service/core/deadlines.py``).
-- Metrics and the access log: a call counts in ``attnserve_http_requests`` and its latency histogram
-  under the route ``grpc:<Method>`` and method ``GRPC``, with the HTTP status its outcome would have
-  had, so one dashboard covers both; ``x-request-id`` metadata is the request id, and comes back in
-  the trailing metadata.
+- Admission: a call that queues work (``ModelInfer``, each request of ``ModelStreamInfer``) counts
+  against the process's in-flight bound, the HTTP requests' one (``service/core/admission.py``); past
+  it, ``UNAVAILABLE`` with ``retry-after``, as a full queue answers.
+- Metrics and the access log: a call counts in ``attnserve_grpc_calls`` and its latency histogram
+  ``attnserve_grpc_call_duration_seconds`` by RPC and gRPC status code (and, deprecated, in the HTTP
+  series under the route ``grpc:<RPC>`` and method ``GRPC``, until the next release);
+  ``x-request-id`` metadata is the request id, and comes back in the trailing metadata.
 - Errors: a ``ServiceError`` ends the call with the gRPC code of its HTTP status (``CODES``) and its
   message; ``Retry-After`` comes back as ``retry-after`` trailing metadata. Anything unexpected is
   logged and answered ``INTERNAL`` without a stack trace.
@@ -24,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from service.core.admission import InFlight
 from service.core.serving import Serving
 from service.errors import DeadlineExceeded, ServiceError, log_server_error
 from service.logs import AccessLog, bind_request_id, unbind_request_id
@@ -55,12 +59,18 @@ def status_code(http_status: int) -> grpc.StatusCode:
     return CODES.get(http_status, grpc.StatusCode.INVALID_ARGUMENT if http_status < 500 else grpc.StatusCode.INTERNAL)
 
 
+def code_name(http_status: int) -> str:
+    """The name of the gRPC status code a call ends with when its outcome is ``http_status`` over HTTP (200: ``OK``)."""
+    return "OK" if http_status == 200 else status_code(http_status).name
+
+
 class Calls:
-    """The running service as the RPCs see it: its parts, the accepted keys, the access log."""
+    """The running service as the RPCs see it: its parts, the accepted keys, the in-flight bound, the access log."""
 
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
         self.keys = serving.keys
+        self.in_flight: InFlight = serving.in_flight
         self.access_log = AccessLog(access) if serving.settings.access_log else None
 
     def authenticate(self, context: grpc.aio.ServicerContext) -> str | None:
@@ -72,7 +82,7 @@ class Calls:
 
     def observe(self, method: str, status: int, started: float, context: Any, request_id: str, key_id: str | None):
         elapsed = time.perf_counter() - started
-        self.serving.metrics.observe_request(f"grpc:{method}", "GRPC", status, elapsed)
+        self.serving.metrics.observe_call(method, code_name(status), status, elapsed)
         if self.access_log:
             peer = context.peer() if context is not None else None
             level = logging.DEBUG if method in ("ServerLive", "ServerReady") else logging.INFO
@@ -93,8 +103,9 @@ async def wait(answer: asyncio.Future, abandon: Callable[[], None]) -> Any:
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext, str | None], Awaitable[Any]]
 
 
-def rpc(method: str, open_access: bool = False) -> Callable[[Handler], Callable]:
-    """A unary RPC ``handler(self, request, context, key_id)``, with keys, metrics, log and errors around it."""
+def rpc(method: str, open_access: bool = False, queues_work: bool = False) -> Callable[[Handler], Callable]:
+    """A unary RPC ``handler(self, request, context, key_id)``, with keys, metrics, log and errors around it;
+    with ``queues_work``, admitted under the in-flight bound first (after the key, as the HTTP router does)."""
 
     def wrap(handler: Handler) -> Callable:
         @functools.wraps(handler)
@@ -104,9 +115,12 @@ def rpc(method: str, open_access: bool = False) -> Callable[[Handler], Callable]
             metadata = dict(context.invocation_metadata() or ())
             request_id, token = bind_request_id(metadata.get("x-request-id"))
             status, key_id = 500, None
+            admitted: InFlight | None = None  # counted until its answer is made, whatever happens
             try:
                 if not open_access:
                     key_id = calls.authenticate(context)
+                if queues_work:
+                    admitted = calls.in_flight.enter()
                 answer = await handler(self, request, context, key_id)
                 status = 200
                 context.set_trailing_metadata((("x-request-id", request_id),))
@@ -121,6 +135,8 @@ def rpc(method: str, open_access: bool = False) -> Callable[[Handler], Callable]
                 log.exception("unhandled exception in %s", method)
                 await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, (("x-request-id", request_id),))
             finally:
+                if admitted is not None:
+                    admitted.leave()
                 calls.observe(method, status, started, context, request_id, key_id)
                 unbind_request_id(token)
 

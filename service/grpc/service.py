@@ -1,7 +1,7 @@
 """Each RPC of ``inference.GRPCInferenceService``, on the same operations as the REST routes (``service/oip/``).
 
 So a gRPC inference goes to the model's own batcher or scheduler with ``/classify``, ``/translate``
-and ``/v2/.../infer`` requests, and is batched with them. ``ModelStreamInfer`` answers each request
+and ``/v2/.../infer`` requests, is batched with them, and counts against the same in-flight bound. ``ModelStreamInfer`` answers each request
 of the stream with one response (an error in ``error_message``, the stream going on), as they
 finish, which need not be the order they came in: a response carries its request's ``id``. The
 shared-memory, trace and log RPCs are not offered (``UNIMPLEMENTED``, the generated base's answer).
@@ -92,7 +92,7 @@ class InferenceService(GRPCInferenceServiceServicer):
         await self.serving.lifecycle.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    @rpc("ModelInfer")
+    @rpc("ModelInfer", queues_work=True)
     async def ModelInfer(self, request, context, key_id):
         return await self._infer(request, Caller(key_id, wait), context.time_remaining())
 
@@ -144,9 +144,11 @@ class InferenceService(GRPCInferenceServiceServicer):
     async def _stream_one(
         self, request: pb.ModelInferRequest, caller: Caller, context: grpc.aio.ServicerContext, request_id: str
     ) -> pb.ModelStreamInferResponse:
-        """One request of a stream, counted and logged as a call of its own; an error is its response."""
+        """One request of a stream, admitted, counted and logged as a call of its own; an error is its response."""
         started, status = time.perf_counter(), 500
+        admitted = None
         try:
+            admitted = self.calls.in_flight.enter()
             response = await self._infer(request, caller, context.time_remaining())
             status = 200
             return pb.ModelStreamInferResponse(infer_response=response)
@@ -162,4 +164,6 @@ class InferenceService(GRPCInferenceServiceServicer):
                 error_message=INTERNAL_MESSAGE, infer_response=pb.ModelInferResponse(id=request.id)
             )
         finally:
+            if admitted is not None:
+                admitted.leave()
             self.calls.observe("ModelStreamInfer", status, started, context, request_id, caller.key_id)

@@ -52,6 +52,8 @@ def cumulative(bounds, observations) -> dict[float, int]:
 EXPORTED = {
     "attnserve_http_requests": ("counter", {"route", "method", "status"}),
     "attnserve_http_request_duration_seconds": ("histogram", {"route", "method"}),
+    "attnserve_grpc_calls": ("counter", {"method", "code"}),
+    "attnserve_grpc_call_duration_seconds": ("histogram", {"method"}),
     "attnserve_deadline_exceeded_requests": ("counter", {"route"}),
     "attnserve_queue_wait_seconds": ("histogram", {"model", "version"}),
     "attnserve_compute_seconds": ("histogram", {"model", "version"}),
@@ -84,6 +86,7 @@ EXPORTED = {
 def touch_everything(m: Metrics) -> None:
     """One update of every metric, through the API the service uses for it."""
     m.observe_request("/classify", "POST", 200, 0.001)
+    m.observe_call("ModelInfer", "OK", 200, 0.001)
     m.deadline_exceeded("/classify")
     batcher = m.for_model("vit", "1")
     batcher.batch_started(1, [0.001])
@@ -150,6 +153,23 @@ def test_observe_request_counts_by_route_method_and_status_and_times_by_route_an
     assert h["buckets"][0.00025] == 0 and h["buckets"][0.0005] == 2 and h["buckets"][0.25] == 2
     assert h["buckets"][0.5] == 3
     assert histogram(m, "attnserve_http_request_duration_seconds", route="unmatched", method="GET")["count"] == 1
+
+
+def test_a_grpc_call_counts_by_rpc_and_code_and_in_the_deprecated_http_series():
+    m = Metrics()
+    m.observe_call("ModelInfer", "OK", 200, 0.001)
+    m.observe_call("ModelInfer", "UNAVAILABLE", 503, 0.0002)
+    m.observe_call("ServerLive", "OK", 200, 0.0001)
+    calls = {
+        (dict(labels)["method"], dict(labels)["code"]): v
+        for (name, labels), v in samples(m).items()
+        if name == "attnserve_grpc_calls_total"
+    }
+    assert calls == {("ModelInfer", "OK"): 1, ("ModelInfer", "UNAVAILABLE"): 1, ("ServerLive", "OK"): 1}
+    assert histogram(m, "attnserve_grpc_call_duration_seconds", method="ModelInfer")["count"] == 2
+    # the deprecated alias, until 0.2.0: the HTTP series under the route grpc:<RPC> and the method GRPC
+    assert value(m, "attnserve_http_requests_total", route="grpc:ModelInfer", method="GRPC", status="503") == 1
+    assert histogram(m, "attnserve_http_request_duration_seconds", route="grpc:ServerLive", method="GRPC")["count"] == 1
 
 
 def test_deadlines_exceeded_are_counted_by_route_template():

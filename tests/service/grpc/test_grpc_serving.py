@@ -1,5 +1,5 @@
-"""gRPC and HTTP in one process on one set of queues: keys, a full queue, batches that mix the two, and
-the gRPC deadline. uvicorn serves a fresh app in a thread of the test process (HTTP and gRPC on free
+"""gRPC and HTTP in one process on one set of queues: keys, a full queue, the in-flight bound, batches that
+mix the two, and the gRPC deadline. uvicorn serves a fresh app in a thread of the test process (HTTP and gRPC on free
 ports of 127.0.0.1), on the tiny ViT, with ``Classifier.run`` gated so a batch can be held in flight."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from service.core.keys import hash_key
+from service.grpc.generated import grpc_service_pb2 as pb
+from service.grpc.generated.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 from tests.service.service_testing import free_port, metric_value, wait_until
 from tests.service.test_serving_states import GatedRun
 
@@ -118,3 +121,50 @@ def test_the_grpc_deadline_is_the_requests(thread_server, gated_run, fashion_png
         client.close()
     assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     assert gated_run.sizes[warm_up:] == [1]  # the late request left the queue before compute
+
+
+def infer_request(png: bytes) -> pb.ModelInferRequest:
+    contents = pb.InferTensorContents(bytes_contents=[png])
+    return pb.ModelInferRequest(
+        model_name="vit",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="images", datatype="BYTES", shape=[1], contents=contents)],
+    )
+
+
+def test_the_in_flight_bound_refuses_grpc_unavailable_as_it_refuses_http_503(thread_server, gated_run, fashion_pngs):
+    """One bound for both transports: with a gRPC call computing (held) and an HTTP request queued behind it,
+    the bound of two is reached; a gRPC call (grpcio, to read the trailing metadata) is refused UNAVAILABLE
+    with ``retry-after``, a request of a stream gets the same message as its error, an HTTP request 503 with
+    ``Retry-After``; once the two are answered, both transports are admitted again."""
+    port = free_port()
+    settings = {"max_requests_in_flight": 2, "model_instances": 1, "retry_after_s": 3}
+    body = {"images": [base64.b64encode(p).decode() for p in fashion_pngs[1:3]]}  # two: the queue gauge tells
+    with thread_server(grpc_port=port, **settings) as srv, ThreadPoolExecutor(2) as pool:
+        srv.wait_ready()
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        gated_run.hold()
+        held = pool.submit(client.infer, "vit", [images_input(fashion_pngs[:1])])
+        assert gated_run.entered.wait(timeout=60)
+        queued = pool.submit(httpx.post, srv.url + "/classify", json=body, timeout=60)
+        wait_until(lambda: queued_images(srv) == 2, what="the HTTP request queued behind the gRPC call")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(infer_request(fashion_pngs[2]), timeout=30)
+            (streamed,) = list(stub.ModelStreamInfer(iter([infer_request(fashion_pngs[2])]), timeout=30))
+        refused_http = httpx.post(srv.url + "/classify", json=body, timeout=30)
+        gated_run.open.set()
+        assert held.result().as_numpy("probabilities").shape == (1, 10)
+        assert queued.result().status_code == 200
+        assert client.infer("vit", [images_input(fashion_pngs[3:4])]).as_numpy("probabilities").shape == (1, 10)
+        assert httpx.post(srv.url + "/classify", json=body, timeout=30).status_code == 200
+        metrics = httpx.get(srv.url + "/metrics").text
+        client.close()
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "2 requests in flight (bound 2)" in refused.value.details()
+    assert ("retry-after", "3") in refused.value.trailing_metadata()
+    assert "2 requests in flight (bound 2)" in streamed.error_message
+    assert refused_http.status_code == 503 and refused_http.headers["retry-after"] == "3"
+    assert refused_http.json()["error"]["code"] == "overloaded"
+    assert metric_value(metrics, "attnserve_grpc_calls_total", method="ModelInfer", code="UNAVAILABLE") == 1
+    assert metric_value(metrics, "attnserve_grpc_calls_total", method="ModelStreamInfer", code="UNAVAILABLE") == 1
