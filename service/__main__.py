@@ -8,7 +8,6 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.logs import configure_logging, logging_config
-from service.memory import limit_arenas
 from service.settings import Settings, explain
 
 
@@ -19,9 +18,8 @@ def main() -> int:
         print(f"attnserve: invalid settings: {explain(e)}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
-    limit_arenas()  # before uvicorn, onnxruntime and the worker pools start their threads
     uvicorn.run(
-        "service.process:create_app",  # called in each worker process, which builds its own core
+        "service.process:worker_app",  # called in each worker process, which builds its own core
         factory=True,
         host=settings.host,
         port=settings.port,

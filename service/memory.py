@@ -10,7 +10,9 @@ than glibc there is no ``malloc_trim`` and this does nothing.
 glibc also gives each thread that meets a busy arena an arena of its own, up to eight per core, and
 each keeps its own freed pages: in the 30-minute soak on 2 cores the server held 16 arenas, 336 MiB
 of heap of which 165 MiB was in use (``malloc_stats`` read through gdb). ``limit_arenas`` caps them
-at one per core (at least two) when the operator has not set ``MALLOC_ARENA_MAX`` already.
+at one per core (at least two) when the operator has not set ``MALLOC_ARENA_MAX`` already. glibc
+reads the cap per process: ``python -m service`` sets it in each process that serves
+(``service/process.worker_app``), since uvicorn starts its workers afresh (spawned, not forked).
 
 Traffic alone frees and reuses memory of every size (decoder steps' log-probs, attention outputs,
 batches), and the heap keeps what it freed: ``release_every`` trims every
@@ -43,7 +45,8 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 def limit_arenas() -> int | None:
     """Cap glibc's malloc arenas at the cores this process may use (at least 2); the cap, or None when
-    ``MALLOC_ARENA_MAX`` is set or the C library is not glibc. Call before the process starts threads."""
+    ``MALLOC_ARENA_MAX`` is set or the C library is not glibc. Call in each process before it starts the
+    threads that allocate (onnxruntime's, the worker pools'): arenas made before stay."""
     if _trim is None or os.environ.get("MALLOC_ARENA_MAX"):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2

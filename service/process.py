@@ -1,7 +1,7 @@
 """The process ``python -m service`` runs: one serving core, and HTTP and gRPC as peers over it.
 
 uvicorn runs the process (its worker processes, its signals, its graceful shutdown of HTTP) and
-calls ``create_app`` in each process that serves. The app it gets is the HTTP transport's
+calls ``worker_app`` in each process that serves. The app it gets is the HTTP transport's
 (``service/http/app.py``) with this module's lifespan, which:
 
 - starts the core (``service/core/serving.running``: the registry loading the models in the
@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import threading
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from service.core.serving import running
 from service.http.app import App
 from service.http.app import create_app as create_http_app
 from service.logs import configure_logging
+from service.memory import limit_arenas
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -68,6 +70,15 @@ def create_app(settings: Settings | None = None) -> App:
                     await grpc_serving.stop(grpc_server)
 
     return create_http_app(settings, metrics, keys, in_flight, lifespan)
+
+
+def worker_app() -> App:
+    """What uvicorn calls in each process that serves (the only one, or each of ``ATTNSERVE_WORKERS``,
+    which are started fresh, not forked): the process-wide malloc setting first, then the service."""
+    arenas = limit_arenas()  # before onnxruntime and the worker pools start their threads
+    if arenas is not None:
+        log.info("malloc arenas capped at %d", arenas, extra={"pid": os.getpid()})
+    return create_app()
 
 
 def tune_gc() -> None:
