@@ -9,6 +9,7 @@ They are also what the Open Inference Protocol's statistics extension answers
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -41,6 +42,13 @@ LATENCY_BUCKETS = (
     10,
 )
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096)
+
+
+def size_bucket(size: int) -> int:
+    """The smallest of ``BATCH_BUCKETS`` a batch of ``size`` fits (the largest for anything larger): the
+    ``batch_size`` label of ``attnserve_execution_seconds``, so that a model version has at most
+    ``len(BATCH_BUCKETS)`` series however large its batches or running decoder batch grow."""
+    return BATCH_BUCKETS[min(bisect_left(BATCH_BUCKETS, size), len(BATCH_BUCKETS) - 1)]
 
 
 class Metrics:
@@ -108,7 +116,8 @@ class Metrics:
         )
         self.executions = Summary(
             "attnserve_execution_seconds",
-            "onnxruntime time of each execution by its batch size: a classifier batch (images) or a decoder step (rows).",
+            "onnxruntime time of each execution by its batch size, a classifier batch (images) or a decoder step "
+            "(rows), rounded up to the next of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 4096.",
             ["model", "version", "batch_size"],
             registry=r,
         )
@@ -353,7 +362,7 @@ class Answers:
 
     def __init__(self, metrics: Metrics, model: str, version: str) -> None:
         self._executions = metrics.executions
-        self._by_size: dict[int, Summary] = {}  # the labelled child of each batch size, resolved once
+        self._by_size: dict[int, Summary] = {}  # the labelled child of each batch size (its bucket), resolved once
         self._labels = (model, version)
         self._success = metrics.model_requests.labels(model, version, "success")
         self._fail = metrics.model_requests.labels(model, version, "fail")
@@ -362,7 +371,7 @@ class Answers:
     def executed(self, batch_size: int, seconds: float) -> None:
         child = self._by_size.get(batch_size)
         if child is None:
-            child = self._by_size[batch_size] = self._executions.labels(*self._labels, str(batch_size))
+            child = self._by_size[batch_size] = self._executions.labels(*self._labels, str(size_bucket(batch_size)))
         child.observe(seconds)
 
     def answered(self, seconds: float, ok: bool) -> None:

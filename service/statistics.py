@@ -7,7 +7,9 @@ already keep (``service/metrics.py``), so ``/metrics`` and ``/v2/models/stats`` 
   (``attnserve_images``; a translation: ``attnserve_time_per_output_token_seconds``, observed once
   per translated text);
 - ``execution_count``, ``batch_stats``: onnxruntime executions by batch size, classifier batches or
-  decoder steps (``attnserve_execution_seconds``);
+  decoder steps (``attnserve_execution_seconds``); a size is rounded up to the next of
+  ``service.metrics.BATCH_BUCKETS`` (1, 2, 3, 4, 6, 8, 12, 16, ...), so that a model version has a
+  bounded number of series: a batch of 5 counts under ``batch_size`` 6;
 - ``success``, ``fail``: requests queued on the model by outcome, with their time from queueing to
   answer (``attnserve_model_request_duration_seconds``; a translation's texts count one each);
 - ``queue``: time waited in the queue before the batch ran (``attnserve_queue_wait_seconds``);

@@ -9,7 +9,7 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, Metrics
+from service.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, Metrics, size_bucket
 
 
 def families(metrics: Metrics) -> dict:
@@ -170,6 +170,22 @@ def test_a_grpc_call_counts_by_rpc_and_code_and_in_the_deprecated_http_series():
     # the deprecated alias, until 0.2.0: the HTTP series under the route grpc:<RPC> and the method GRPC
     assert value(m, "attnserve_http_requests_total", route="grpc:ModelInfer", method="GRPC", status="503") == 1
     assert histogram(m, "attnserve_http_request_duration_seconds", route="grpc:ServerLive", method="GRPC")["count"] == 1
+
+
+def test_executions_are_labelled_by_batch_size_bucket_so_a_version_has_boundedly_many_series():
+    m = Metrics()
+    decoder = m.for_decoder("translator", "1")
+    for rows in range(1, 4097):  # every running batch size a decoder may step
+        decoder.step(rows, 0.001, rows)
+    sizes = {
+        dict(labels)["batch_size"]: v
+        for (name, labels), v in samples(m).items()
+        if name == "attnserve_execution_seconds_count"
+    }
+    assert sorted(map(int, sizes)) == list(BATCH_BUCKETS)
+    assert sizes["1"] == sizes["2"] == sizes["3"] == sizes["4"] == 1  # small sizes stay exact
+    assert sizes["6"] == 2 and sizes["4096"] == 4096 - 1024 and sum(sizes.values()) == 4096  # 5 and 6 under 6
+    assert [size_bucket(n) for n in (1, 5, 7, 33, 4096, 5000)] == [1, 6, 8, 48, 4096, 4096]
 
 
 def test_deadlines_exceeded_are_counted_by_route_template():
