@@ -6,7 +6,7 @@ CTranslate2 is what a user would pick to serve a Transformer translator fast. Th
 CTranslate2 model from the repository alone (``benchmarks/ctranslate2_model.py``: the weights of
 the entry's ONNX graphs), checks that its greedy translations of the benchmark sentences
 (``translate_sentences.txt``) are ours token for token, then times both at batch 1 and 16, greedy
-and beam 4, 20 and 64 generated tokens: our bare decoding loop (``contract/decoding.py`` on
+and beam 4, 20 and 64 generated tokens (``--tokens``): our bare decoding loop (``contract/decoding.py`` on
 onnxruntime sessions built with the service's options, as ``bench_translate`` runs it) on the entry
 and on its int8 variant (the repository's ``<name>-int8``, or quantised here as ``export.quantize``
 does) against CTranslate2 float32 and int8 (``compute_type="int8"``), every engine at 1 and at 2
@@ -36,7 +36,13 @@ from pathlib import Path
 from contract.decoding import DecodeRequest, run_to_end
 from contract.precision import variant_folder
 
-CONFIGS = [(batch, beam, tokens) for batch in (1, 16) for beam in (1, 4) for tokens in (20, 64)]
+TOKENS = (20, 64)  # generated per sentence; --tokens 2 20 times a step as the difference of two lengths
+
+
+def configs(tokens: tuple[int, ...] = TOKENS) -> list[tuple[int, int, int]]:
+    return [(batch, beam, n) for batch in (1, 16) for beam in (1, 4) for n in tokens]
+
+
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
 OURS = ("ours fp32", "ours int8")
 MIN_SECONDS = 0.2  # a measurement repeats its decode until it lasts this long: batch 1 at 20 tokens is ~20 ms
@@ -93,12 +99,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "wrote); its int8 variant is quantised here from it. CTranslate2 is still built from the entry",
     )
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median is kept (default 5)")
+    p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="tokens generated per sentence (20 64)")
     p.add_argument(
         "--threads", type=int, nargs="+", default=[1, 2], help="intra-op thread counts to try, for each engine (1 2)"
     )
     args = p.parse_args(argv)
-    if args.rounds < 1 or min(args.threads) < 1:
-        p.error("--rounds and --threads must be >= 1")
+    if args.rounds < 1 or min(args.threads) < 1 or min(args.tokens) < 1:
+        p.error("--rounds, --threads and --tokens must be >= 1")
     return args
 
 
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: decode(ct2[engine], pieces, tokens, beam)
 
     calls, reps = {}, {}
-    for config in CONFIGS:  # warm up, check the lengths, and size each measurement
+    for config in configs(tuple(args.tokens)):  # warm up, check the lengths, and size each measurement
         for engine in engines:
             fn = calls[config, engine] = run(engine, *config)
             fn()
@@ -174,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[tuple, list[float]] = {key: [] for key in calls}
     for r in range(args.rounds):
         order = engines[r % len(engines) :] + engines[: r % len(engines)]
-        for config in CONFIGS:
+        for config in configs(tuple(args.tokens)):
             for engine in order:
                 seconds[config, engine].append(timed(calls[config, engine], reps[config, engine]))
                 time.sleep(SETTLE_S)
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     rate = {key: key[0][0] * key[0][2] / statistics.median(s) for key, s in seconds.items()}  # tok/s
     best = {  # (config, engine kind) -> its faster thread setting
         (config, kind): max((e for e in engines if e.name == kind), key=lambda e, c=config: rate[c, e])
-        for config in CONFIGS
+        for config in configs(tuple(args.tokens))
         for kind in (*OURS, *COMPUTE_TYPES)
     }
     print()
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(header)
     print("-" * len(header))
-    for config in CONFIGS:
+    for config in configs(tuple(args.tokens)):
         cells = [f"{config_label(*config):<28}"]
         for kind in COMPUTE_TYPES:
             mine, theirs = best[config, f"ours {kind}"], best[config, kind]
@@ -208,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     kinds = (*OURS, *COMPUTE_TYPES)
     print(f"{'':<28}" + "".join(f"{f'{kind} {t}':>13}" for kind in kinds for t in args.threads) + f"{'rounds':>26}")
-    for config in CONFIGS:
+    for config in configs(tuple(args.tokens)):
         cells = [f"{config_label(*config):<28}"]
         cells += [f"{rate[config, e]:>13,.0f}" for kind in kinds for e in engines if e.name == kind]
         for kind in COMPUTE_TYPES:
