@@ -154,6 +154,24 @@ def ignored(relpath: str, rules) -> bool:
     return excluded
 
 
+def parse_haproxy(text: str) -> dict[tuple[str, str], list[list[str]]]:
+    """An HAProxy configuration as its sections, ``(keyword, name)`` (``("global", "")``,
+    ``("backend", "api-http")``), each a list of its lines split into words, comments dropped."""
+    sections: dict[tuple[str, str], list[list[str]]] = {}
+    current: list[list[str]] | None = None
+    for raw in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not line.strip():
+            continue
+        words = shlex.split(line, posix=True)
+        if not raw[0].isspace():
+            current = sections.setdefault((words[0], words[1] if len(words) > 1 else ""), [])
+        else:
+            assert current is not None, f"a line outside any section: {raw!r}"
+            current.append(words)
+    return sections
+
+
 def load_pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
