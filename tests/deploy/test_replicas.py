@@ -37,6 +37,7 @@ import pytest
 import yaml
 from typing_extensions import Self
 
+from tests.deploy import prometheus_adapter
 from tests.deploy.docker_engine import (
     Engine,
     host_network_variant,
@@ -621,3 +622,57 @@ def test_sdk_retries_turn_what_fails_on_a_killed_replica_into_answers(stack):
             "connection errors, 429 and 503 (client/attnserve_client/_base.py RETRYABLE_STATUSES), not a 502"
         )
     assert others == [], others
+
+
+# --- the autoscaler's metric, evaluated by Prometheus -------------------------------------------------------
+
+
+def test_adapter_query_gives_each_pod_its_mean_queue_wait(engine):
+    """deploy/k8s/prometheus-adapter.yaml's query, filled in as the adapter fills it for two pods, run by
+    Prometheus's own engine (``promtool test rules``, in the Prometheus stand-in) on the series Prometheus
+    would hold for the service's histogram: a pod whose 2 requests a second waited 0.2 s each answers 0.2,
+    a pod that answered nothing answers 0, a pod of another namespace is left out."""
+    adapter = yaml.safe_load((ROOT / "deploy" / "k8s" / "prometheus-adapter.yaml").read_text())
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    query = prometheus_adapter.render(rule["metricsQuery"], "attnserve", ["api-a", "api-b"])
+
+    def series(name: str, pod: str, namespace: str, per_minute: float) -> dict:
+        labels = f'model="vit",version="1",namespace="{namespace}",pod="{pod}"'
+        return {"series": f"{name}{{{labels}}}", "values": f"0+{per_minute}x10"}  # one sample a minute
+
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series("attnserve_queue_wait_seconds_sum", "api-a", "attnserve", 24),
+                    series("attnserve_queue_wait_seconds_count", "api-a", "attnserve", 120),
+                    series("attnserve_queue_wait_seconds_sum", "api-b", "attnserve", 0),
+                    series("attnserve_queue_wait_seconds_count", "api-b", "attnserve", 0),
+                    series("attnserve_queue_wait_seconds_sum", "api-a", "elsewhere", 60),
+                    series("attnserve_queue_wait_seconds_count", "api-a", "elsewhere", 60),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": query,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": '{pod="api-a"}', "value": 0.2},
+                            {"labels": '{pod="api-b"}', "value": 0},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    folder = engine.folder / "promtool"
+    folder.mkdir(exist_ok=True)
+    (folder / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    image = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["prometheus"]["image"]
+    proc = engine.docker(
+        "run", "--rm", "--network", "none", "-v", f"{folder}:/tests:ro", "--entrypoint", "promtool",
+        image, "test", "rules", "/tests/tests.yml", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "SUCCESS" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
