@@ -624,6 +624,26 @@ def test_sdk_retries_turn_what_fails_on_a_killed_replica_into_answers(stack):
     assert others == [], others
 
 
+# --- the benchmark ------------------------------------------------------------------------------------------
+
+
+def test_bench_replicas_measures_one_two_and_three_replicas(stack, monkeypatch):
+    """benchmarks/bench_replicas.py, briefly, against this profile: a row per route and replica count with
+    sane figures, and every replica serving again afterwards."""
+    from tests.conftest import run_module
+    from tests.test_benchmarks import assert_sane_figures
+
+    for name in ("DOCKER_HOST", "DOCKER_CONFIG"):  # the docker CLI it runs talks to this module's engine
+        monkeypatch.setenv(name, stack.engine.env[name])
+    args = ["--rounds", "1", "--duration", "1", "--warmup", "0", "--clients", "4", "--url", stack.url]
+    proc = run_module("benchmarks.bench_replicas", *args, "--stats", stack.stats, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("POST /")]
+    assert len(rows) == 6, proc.stdout
+    assert_sane_figures(proc.stdout, ("POST /classify", "POST /translate"))
+    assert {name: row["status"] for name, row in stack.servers().items()} == dict.fromkeys(REPLICAS, "UP")
+
+
 # --- the autoscaler's metric, evaluated by Prometheus -------------------------------------------------------
 
 
