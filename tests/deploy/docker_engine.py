@@ -8,8 +8,9 @@ the host's network, and the tests send traffic to 127.0.0.1 only.
 No image registry is reachable, so the bases the Dockerfile and the Compose file name are stand-ins
 made from Debian packages with mmdebstrap and tagged under those names: a Debian Python for
 ``python:3.11-slim-bookworm``, the same with ``CUDA_VERSION`` set for the CUDA runtime image, Debian's
-redis-server and prometheus for ``redis`` and ``prom/prometheus``. The root file systems are cached as
-tarballs in ~/.cache/attnserve/docker (``ATTNSERVE_DOCKER_CACHE``), keyed by what goes into them.
+redis-server, prometheus and haproxy for ``redis``, ``prom/prometheus`` and ``haproxy``. The root file
+systems are cached as tarballs in ~/.cache/attnserve/docker (``ATTNSERVE_DOCKER_CACHE``), keyed by what
+goes into them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 CACHE = Path(os.environ.get("ATTNSERVE_DOCKER_CACHE", Path.home() / ".cache" / "attnserve" / "docker"))
 SUITE = "bookworm"  # the Debian release of the project's images
@@ -175,3 +178,48 @@ def make_stand_ins(engine: Engine, python_image: str, cuda_image: str, redis_ima
         "WORKDIR /prometheus",
         "EXPOSE 9090",
     )
+
+
+def make_haproxy_stand_in(engine: Engine, image: str) -> None:
+    """Debian's haproxy tagged as ``image``, laid out as the official image is: the configuration in
+    /usr/local/etc/haproxy/haproxy.cfg, run in the foreground as the user haproxy, SIGUSR1 (a soft stop:
+    connections in flight finish) as its stop signal. ``docker import`` takes no STOPSIGNAL, hence the
+    layer built on it."""
+    haproxy = rootfs("haproxy", ["haproxy"])
+    import_rootfs(engine, haproxy, "attnserve-test/debian-haproxy")
+    build_inline(
+        engine,
+        image,
+        "FROM attnserve-test/debian-haproxy\nUSER haproxy\nSTOPSIGNAL SIGUSR1\n"
+        'CMD ["haproxy", "-W", "-db", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]\n',
+    )
+
+
+def wait_ready(url: str, timeout: float, alive=lambda: True) -> float:
+    """Seconds until GET {url}/readyz answered 200."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout and alive():
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url}/readyz did not answer 200 within {timeout} s")
+
+
+def host_network_variant(config: dict) -> tuple[dict, dict[str, str]]:
+    """The resolved Compose file with every service on the host's network, each service name (and
+    network alias) resolving to its own loopback address; nothing else changes."""
+    services = config["services"]
+    names = {}
+    for name, service in services.items():
+        for alias in [name, *((service.get("networks") or {}).get("default") or {}).get("aliases", [])]:
+            names.setdefault(alias, f"127.0.0.{len(names) + 2}")
+    for service in services.values():
+        service.pop("networks", None)
+        service.pop("ports", None)  # published ports mean nothing on the host's network
+        service["network_mode"] = "host"
+        service["extra_hosts"] = [f"{alias}:{address}" for alias, address in names.items()]
+    config.pop("networks", None)
+    return config, names

@@ -154,6 +154,24 @@ def ignored(relpath: str, rules) -> bool:
     return excluded
 
 
+def parse_haproxy(text: str) -> dict[tuple[str, str], list[list[str]]]:
+    """An HAProxy configuration as its sections, ``(keyword, name)`` (``("global", "")``,
+    ``("backend", "api-http")``), each a list of its lines split into words, comments dropped."""
+    sections: dict[tuple[str, str], list[list[str]]] = {}
+    current: list[list[str]] | None = None
+    for raw in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not line.strip():
+            continue
+        words = shlex.split(line, posix=True)
+        if not raw[0].isspace():
+            current = sections.setdefault((words[0], words[1] if len(words) > 1 else ""), [])
+        else:
+            assert current is not None, f"a line outside any section: {raw!r}"
+            current.append(words)
+    return sections
+
+
 def load_pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -193,12 +211,23 @@ def attnserve_env(env: dict) -> dict[str, str]:
 
 
 def drain_seconds() -> float:
-    """uvicorn's ``timeout_graceful_shutdown`` in service/__main__.py: how long SIGTERM waits for requests."""
+    """How long the service may drain after SIGTERM: uvicorn's ``timeout_graceful_shutdown`` in
+    service/__main__.py and the gRPC server's ``GRACE_S`` (service/grpc/), which run at once from the signal on."""
     tree = ast.parse((ROOT / "service" / "__main__.py").read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == "timeout_graceful_shutdown":
-            return float(ast.literal_eval(node.value))
-    raise AssertionError("service/__main__.py sets no timeout_graceful_shutdown")
+    http = [
+        float(ast.literal_eval(node.value))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.keyword) and node.arg == "timeout_graceful_shutdown"
+    ]
+    assert http, "service/__main__.py sets no timeout_graceful_shutdown"
+    grpc = [
+        float(ast.literal_eval(node.value))
+        for path in sorted((ROOT / "service" / "grpc").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "GRACE_S" for t in node.targets)
+    ]
+    assert grpc, "service/grpc/ sets no GRACE_S"
+    return max(*http, *grpc)
 
 
 def duration_seconds(value: str | int) -> float:

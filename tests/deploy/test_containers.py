@@ -27,7 +27,13 @@ import httpx
 import pytest
 import yaml
 
-from tests.deploy.docker_engine import make_stand_ins, missing_requirements, start_engine
+from tests.deploy.docker_engine import (
+    host_network_variant,
+    make_stand_ins,
+    missing_requirements,
+    start_engine,
+    wait_ready,
+)
 from tests.deploy.parsing import ROOT, parse_dockerfile
 from tests.service.service_testing import free_port
 
@@ -91,19 +97,6 @@ def cpu_image(engine):
 def gpu_image(engine):
     tag = compose_config()["services"]["api"]["image"]
     return tag, build(engine, "gpu", tag, buildkit=True)
-
-
-def wait_ready(url: str, timeout: float, alive=lambda: True) -> float:
-    """Seconds until GET {url}/readyz answered 200."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout and alive():
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url}/readyz did not answer 200 within {timeout} s")
 
 
 def run_api(engine, image: str, name: str, port: int, grpc_port: int = 0) -> str:
@@ -284,23 +277,6 @@ def test_cuda_major_guard_refuses_another_cuda_with_the_real_wheel(engine, gpu_i
 PROJECT = "attnserve-test"
 PROFILES = ["--profile", "cpu", "--profile", "monitoring"]
 STARTED = ["api-cpu", "prometheus"]  # and redis, which api-cpu depends on
-
-
-def host_network_variant(config: dict) -> tuple[dict, dict[str, str]]:
-    """The resolved Compose file with every service on the host's network, each service name (and
-    network alias) resolving to its own loopback address; nothing else changes."""
-    services = config["services"]
-    names = {}
-    for name, service in services.items():
-        for alias in [name, *((service.get("networks") or {}).get("default") or {}).get("aliases", [])]:
-            names.setdefault(alias, f"127.0.0.{len(names) + 2}")
-    for service in services.values():
-        service.pop("networks", None)
-        service.pop("ports", None)  # published ports mean nothing on the host's network
-        service["network_mode"] = "host"
-        service["extra_hosts"] = [f"{alias}:{address}" for alias, address in names.items()]
-    config.pop("networks", None)
-    return config, names
 
 
 def compose(engine, *args: str, file, timeout: float = 300, check: bool = True):

@@ -7,9 +7,11 @@ import re
 from pathlib import Path
 from urllib.parse import urlparse
 
+import jsonschema
 import pytest
 import yaml
 
+from tests.deploy import prometheus_adapter
 from tests.deploy.parsing import (
     ROOT,
     drain_seconds,
@@ -140,7 +142,59 @@ def test_service_hpa_and_pdb_select_the_api_pods(docs):
     assert 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
     # a utilisation target is a share of the request: the container must request what is measured
     for metric in hpa["metrics"]:
-        assert metric["resource"]["name"] in api_container(docs)["resources"]["requests"]
+        if metric["type"] == "Resource":
+            assert metric["resource"]["name"] in api_container(docs)["resources"]["requests"]
+
+
+def test_disruptions_take_one_pod_at_a_time_and_never_block(docs):
+    """A drain evicts API pods one by one at any replica count, and can always evict one, even at the
+    autoscaler's minimum (a budget that allows none blocks node drains for good)."""
+    budget = docs[("PodDisruptionBudget", "attnserve")]["spec"]
+    minimum = docs[("HorizontalPodAutoscaler", "attnserve")]["spec"]["minReplicas"]
+    assert budget.get("maxUnavailable") == 1 and "minAvailable" not in budget
+    assert budget["maxUnavailable"] < minimum  # at the minimum, one pod still serves while another leaves
+
+
+def quantity(value: str | int) -> float:
+    """A Kubernetes quantity as a number: ``100m`` is 0.1."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(m|k|M|G)?", str(value))
+    assert m, f"not a quantity: {value!r}"
+    return float(m[1]) * {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}[m[2]]
+
+
+@pytest.fixture(scope="module")
+def adapter_config(docs) -> dict:
+    return yaml.safe_load(docs[("ConfigMap", "attnserve-prometheus-adapter")]["data"]["config.yaml"])
+
+
+def test_adapter_rules_are_what_prometheus_adapter_reads(adapter_config):
+    """The adapter's strict reading of its config.yaml, as a schema: a misspelt field fails here, as it
+    would fail the adapter's start."""
+    jsonschema.validate(adapter_config, prometheus_adapter.CONFIG)
+    broken = {"rules": [{**adapter_config["rules"][0], "metricQuery": "up"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, prometheus_adapter.CONFIG)
+
+
+def test_hpa_scales_on_the_queue_time_the_adapter_serves(docs, adapter_config, monkeypatch):
+    """The autoscaler's Pods metric is the one the adapter's rule names, made per pod from a histogram the
+    service exports, with a target above the wait that batching alone adds."""
+    from service.metrics import Metrics
+
+    (pods,) = [
+        m["pods"] for m in docs[("HorizontalPodAutoscaler", "attnserve")]["spec"]["metrics"] if m["type"] == "Pods"
+    ]
+    (rule,) = [r for r in adapter_config["rules"] if r["name"]["as"] == pods["metric"]["name"]]
+    assert re.search(rule["name"]["matches"], rule["seriesQuery"].split("{")[0])
+    # per pod: the pod label is the pod resource, the namespace label its namespace
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "by (<<.GroupBy>>)" in rule["metricsQuery"]
+    histograms = {m.name for m in Metrics().registry.collect() if m.type == "histogram"}
+    named = set(re.findall(r"\b(attnserve_\w+?)_(?:sum|count|bucket)\b", rule["seriesQuery"] + rule["metricsQuery"]))
+    assert named == {"attnserve_queue_wait_seconds"} <= histograms, named
+    assert pods["target"]["type"] == "AverageValue"
+    batching_wait = settings_from({}, monkeypatch).max_queue_delay_ms / 1000
+    assert quantity(pods["target"]["averageValue"]) > 10 * batching_wait
 
 
 def test_redis(docs):

@@ -270,6 +270,15 @@ def check_kubectl(args: list[str], cwd: Path) -> None:
             assert arg in kubernetes_objects(), f"deploy/k8s defines no {arg}"
 
 
+def check_helm(args: list[str], cwd: Path) -> None:
+    """Charts installed beside the manifests: a ConfigMap a chart is told to use is one deploy/k8s defines."""
+    assert args[:2] == ["repo", "add"] or args[0] == "install", f"helm {args[0]}: no check"
+    for flag, value in itertools.pairwise(args):
+        if flag == "--set" and value.startswith("rules.existing="):
+            name = value.split("=", 1)[1]
+            assert f"configmap/{name}" in kubernetes_objects(), f"deploy/k8s defines no ConfigMap {name}"
+
+
 def check_cd(args: list[str], cwd: Path) -> None:
     assert (cwd / args[0]).is_dir()
 
@@ -293,6 +302,7 @@ CHECKS: dict[str, Callable[[list[str], Path], None]] = {
     "pip": check_pip,
     "docker": check_docker,
     "kubectl": check_kubectl,
+    "helm": check_helm,
     "cd": check_cd,
     "kustomize": lambda args, cwd: None,  # edits deploy/k8s/kustomization.yaml, which check_kubectl reads
     ".venv/bin/ruff": lambda args, cwd: None,  # the linter of the test extra, on the tree
@@ -324,6 +334,7 @@ def test_other_commands_name_what_exists(where, line):
         "docker compose --profile no-such-profile up -d",
         "pip install './client[no-such-extra]'",
         "kubectl rollout status deployment/no-such-deployment",
+        "helm install adapter chart --set rules.existing=no-such-configmap",
         "rm -rf /",
     ],
 )
