@@ -509,7 +509,7 @@ def test_rolling_restart_under_load_fails_no_request(stack):
         assert all("CANCELLED" in f.error for f in grpc_failures), grpc_failures
         pytest.xfail(
             f"{len(grpc_failures)} of {sum(counts['grpc'].values())} gRPC calls CANCELLED: a replica's gRPC server "
-            "refuses new calls the moment SIGTERM arrives (service/grpc/server.py stop_with_uvicorn), before "
+            "refuses new calls the moment SIGTERM arrives (service/process.py stop_with_uvicorn), before "
             "HAProxy's check takes it out; HAProxy 2.6 does not replay a refused HTTP/2 stream. Needs the "
             "service to keep accepting, /readyz 503, for a delay after SIGTERM"
         )
