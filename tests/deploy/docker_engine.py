@@ -23,10 +23,14 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
+import yaml
 
 CACHE = Path(os.environ.get("ATTNSERVE_DOCKER_CACHE", Path.home() / ".cache" / "attnserve" / "docker"))
 SUITE = "bookworm"  # the Debian release of the project's images
@@ -223,3 +227,27 @@ def host_network_variant(config: dict) -> tuple[dict, dict[str, str]]:
         service["extra_hosts"] = [f"{alias}:{address}" for alias, address in names.items()]
     config.pop("networks", None)
     return config, names
+
+
+@contextmanager
+def engine_with_stand_ins(folder: Path, figures: dict) -> Iterator[tuple[Engine, dict]]:
+    """A private engine holding the stand-in bases the Dockerfile and docker-compose.yml name, and the Compose
+    services; skipped where a part is missing, failed in CI (root, ``make install-dev``: nothing may be missing)."""
+    from tests.deploy.parsing import ROOT, parse_dockerfile
+
+    why = missing_requirements()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    engine = start_engine(folder)
+    try:
+        args = parse_dockerfile().args
+        services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+        started = time.monotonic()
+        images = [services[s]["image"] for s in ("redis", "prometheus")]
+        make_stand_ins(engine, args["PYTHON_IMAGE"], args["CUDA_IMAGE"], *images)
+        figures["stand-in bases (s)"] = round(time.monotonic() - started, 1)
+        yield engine, services
+    finally:
+        engine.stop()

@@ -14,7 +14,6 @@ service that reaches another by a wrong name or by ``localhost`` is caught.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import socket
@@ -28,10 +27,8 @@ import pytest
 import yaml
 
 from tests.deploy.docker_engine import (
+    engine_with_stand_ins,
     host_network_variant,
-    make_stand_ins,
-    missing_requirements,
-    start_engine,
     wait_ready,
 )
 from tests.deploy.parsing import ROOT, parse_dockerfile
@@ -51,27 +48,10 @@ def compose_config() -> dict:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    why = missing_requirements()
-    if why:
-        if os.environ.get("CI"):  # CI runs as root with `make install-dev`: a missing part is a failure there
-            pytest.fail(why)
-        pytest.skip(why)
-    engine = start_engine(tmp_path_factory.mktemp("docker"))
     try:
-        args = parse_dockerfile().args
-        services = compose_config()["services"]
-        started = time.monotonic()
-        make_stand_ins(
-            engine,
-            args["PYTHON_IMAGE"],
-            args["CUDA_IMAGE"],
-            services["redis"]["image"],
-            services["prometheus"]["image"],
-        )
-        FIGURES["stand-in bases (s)"] = round(time.monotonic() - started, 1)
-        yield engine
+        with engine_with_stand_ins(tmp_path_factory.mktemp("docker"), FIGURES) as (engine, _):
+            yield engine
     finally:
-        engine.stop()
         print("\ncontainer figures:", json.dumps(FIGURES))
 
 

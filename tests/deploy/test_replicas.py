@@ -21,7 +21,6 @@ import csv
 import io
 import json
 import logging
-import os
 import re
 import socket
 import subprocess
@@ -40,14 +39,12 @@ from typing_extensions import Self
 from tests.deploy import prometheus_adapter
 from tests.deploy.docker_engine import (
     Engine,
+    engine_with_stand_ins,
     host_network_variant,
     make_haproxy_stand_in,
-    make_stand_ins,
-    missing_requirements,
-    start_engine,
     wait_ready,
 )
-from tests.deploy.parsing import ROOT, parse_dockerfile, parse_haproxy
+from tests.deploy.parsing import ROOT, parse_haproxy
 
 pytestmark = pytest.mark.docker
 
@@ -136,28 +133,11 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    why = missing_requirements()
-    if why:
-        if os.environ.get("CI"):  # CI runs as root with `make install-dev`: a missing part is a failure there
-            pytest.fail(why)
-        pytest.skip(why)
-    engine = start_engine(tmp_path_factory.mktemp("docker"))
     try:
-        args = parse_dockerfile().args
-        services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
-        started = time.monotonic()
-        make_stand_ins(
-            engine,
-            args["PYTHON_IMAGE"],
-            args["CUDA_IMAGE"],
-            services["redis"]["image"],
-            services["prometheus"]["image"],
-        )
-        make_haproxy_stand_in(engine, services["haproxy"]["image"])
-        FIGURES["stand-in bases (s)"] = round(time.monotonic() - started, 1)
-        yield engine
+        with engine_with_stand_ins(tmp_path_factory.mktemp("docker"), FIGURES) as (engine, services):
+            make_haproxy_stand_in(engine, services["haproxy"]["image"])
+            yield engine
     finally:
-        engine.stop()
         print("\nreplica figures:", json.dumps(FIGURES))
 
 
