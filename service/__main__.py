@@ -28,7 +28,7 @@ def main() -> int:
         access_log=False,  # the service logs each request itself, with its request id and latency
         server_header=False,
         timeout_keep_alive=settings.keep_alive_s,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.drain_timeout_s,  # after ATTNSERVE_DRAIN_DELAY_S (service/process.py)
     )
     return 0
 

@@ -87,6 +87,22 @@ class Settings(BaseSettings):
         "and proxies in front (httpx 5 s, AWS ALB 60 s), so that they, not the service, close an idle connection: "
         "one closed by the service just as a client sends on it loses that request.",
     )
+    drain_delay_s: float = Field(
+        5.0,
+        ge=0.0,
+        le=300.0,
+        description="After SIGTERM or SIGINT, seconds the service goes on accepting and answering while its readiness "
+        "(`/readyz`, and the Open Inference Protocol's over REST and gRPC) says it is draining, so that a load "
+        "balancer takes it out before it stops accepting; a second signal ends the delay at once. 0: stop accepting "
+        "at the first signal.",
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=3600.0,
+        description="Once the service stops accepting, longest it lets the HTTP requests and gRPC calls in flight "
+        "finish (streams included) before it cancels them and stops.",
+    )
     log_level: LogLevel = Field("info", description="Minimum level of the service's logs.")
     log_format: LogFormat = Field("json", description="`json`: one JSON object per line; `text` for humans.")
     access_log: bool = Field(True, description="Log one line per request (method, path, status, latency).")

@@ -6,7 +6,8 @@ startup. It takes messages up to ``ATTNSERVE_MAX_BODY_BYTES`` (gRPC itself refus
 ``RESOURCE_EXHAUSTED``). With several worker processes, each binds the port with ``SO_REUSEPORT``
 and the kernel spreads the connections, as it does HTTP's; with one, the port is its alone, so a
 second server on the same port fails instead of sharing it. At shutdown it stops taking calls and
-lets those in flight finish (``GRACE_S``, as uvicorn's graceful shutdown) before the engines stop.
+lets those in flight finish (``ATTNSERVE_DRAIN_TIMEOUT_S``, as uvicorn's graceful shutdown) before the
+engines stop.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from service.grpc.generated.grpc_service_pb2_grpc import add_GRPCInferenceServic
 from service.grpc.service import InferenceService
 
 log = logging.getLogger("attnserve.grpc")
-GRACE_S = 30.0
 
 
 async def start(serving: Serving) -> grpc.aio.Server:
@@ -49,21 +49,21 @@ async def start(serving: Serving) -> grpc.aio.Server:
 _stopping: weakref.WeakKeyDictionary[grpc.aio.Server, asyncio.Task] = weakref.WeakKeyDictionary()
 
 
-def begin_stop(server: grpc.aio.Server) -> asyncio.Task:
+def begin_stop(server: grpc.aio.Server, grace_s: float) -> asyncio.Task:
     """Start stopping ``server``, once however often asked; the task ends when it has stopped."""
     task = _stopping.get(server)
     if task is None:
-        task = _stopping[server] = asyncio.get_running_loop().create_task(_stop(server), name="grpc-stop")
+        task = _stopping[server] = asyncio.get_running_loop().create_task(_stop(server, grace_s), name="grpc-stop")
     return task
 
 
-async def stop(server: grpc.aio.Server) -> None:
-    """Refuse new calls, let those in flight finish (at most ``GRACE_S``), then close."""
-    await begin_stop(server)
+async def stop(server: grpc.aio.Server, grace_s: float) -> None:
+    """Refuse new calls, let those in flight finish (at most ``grace_s``), then close."""
+    await begin_stop(server, grace_s)
 
 
-async def _stop(server: grpc.aio.Server) -> None:
-    await server.stop(GRACE_S)
+async def _stop(server: grpc.aio.Server, grace_s: float) -> None:
+    await server.stop(grace_s)
     log.info("gRPC server stopped")
 
 

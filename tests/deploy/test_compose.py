@@ -126,14 +126,15 @@ def test_api_settings_are_real_settings(services, name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["api", "api-cpu", *REPLICAS])
-def test_api_healthcheck_restart_and_drain(services, name):
+def test_api_healthcheck_restart_and_drain(services, name, monkeypatch):
     s = services[name]
     dockerfile = parse_dockerfile()
     (hc,) = dockerfile.stage(s["build"]["target"]).all("HEALTHCHECK")
     assert s["healthcheck"]["test"] == ["CMD", *exec_form(hc.args.split(" CMD ", 1)[1])]
     assert "/readyz" in s["healthcheck"]["test"][-1] and "/readyz" in route_paths()
     assert s["restart"] in {"always", "unless-stopped", "on-failure"}
-    assert duration_seconds(s["stop_grace_period"]) > drain_seconds(), "Docker would kill the service mid-drain"
+    settings = settings_from(attnserve_env(s["environment"]), monkeypatch)
+    assert duration_seconds(s["stop_grace_period"]) > drain_seconds(settings), "Docker would kill the service mid-drain"
     assert s["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
