@@ -8,6 +8,8 @@ calls ``worker_app`` in each process that serves. The app it gets is the HTTP tr
   background, the attention store, the image decoder) and hands it to HTTP (``app.state.serving``);
 - starts the gRPC transport (``service/grpc/server.py``) on the same core, when
   ``ATTNSERVE_GRPC_PORT`` is set, so both reach the same queues under the same keys and in-flight bound;
+- bounds the HTTP connections in time and number (``service/http/connections.py``, the protocol
+  ``python -m service`` gives uvicorn) with the settings and metrics of this service;
 - on SIGTERM or SIGINT drains in the order load balancers need (``drain_on_signals``): at once the
   readiness of both transports says no (``Serving.draining``) while both go on answering; after
   ``ATTNSERVE_DRAIN_DELAY_S`` (or at a second signal) both stop accepting at once, uvicorn letting the
@@ -32,6 +34,7 @@ from fastapi import FastAPI
 from service.core.admission import InFlight
 from service.core.keys import load_keys
 from service.core.serving import Draining, running
+from service.http import connections
 from service.http.app import App
 from service.http.app import create_app as create_http_app
 from service.logs import configure_logging
@@ -56,6 +59,9 @@ def create_app(settings: Settings | None = None) -> App:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        connections.PROCESS.configure(
+            settings.header_timeout_s, settings.connection_bound, metrics.for_connections(), settings.retry_after_s
+        )
         async with running(settings, metrics, keys, in_flight) as serving:
             app.state.serving = serving
             grpc_server = None

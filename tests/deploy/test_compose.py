@@ -240,9 +240,14 @@ def test_haproxy_bounds_connections_and_slow_clients_and_waits_out_deadlines(hap
     HAProxy, ends a slow request with its own answer."""
     (maxconn,) = lines(haproxy[("global", "")], "maxconn")
     assert 0 < int(maxconn[0]) <= 65536
+    # each frontend a share of its own, together no more than the process's: no one port starves the others
+    shares = {name: lines(section, "maxconn") for (kind, name), section in haproxy.items() if kind == "frontend"}
+    assert all(len(share) == 1 for share in shares.values()), shares
+    assert sum(int(share[0][0]) for share in shares.values()) <= int(maxconn[0])
     timeouts = {t[0]: duration_seconds(t[1]) for t in lines(haproxy[("defaults", "")], "timeout")}
     settings = settings_from({}, monkeypatch)
     assert timeouts["http-request"] <= settings.body_timeout_s
+    assert timeouts["http-request"] == settings.header_timeout_s  # as a replica reached directly
     assert timeouts["server"] >= settings.max_request_timeout_s
     assert {"connect", "client", "http-keep-alive", "check"} <= set(timeouts)
 

@@ -558,6 +558,77 @@ def wait_running(url: str, result: dict, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+# --- slow clients -----------------------------------------------------------------------------------------
+
+
+def test_half_open_connections_to_haproxy_and_to_a_replica_lock_no_one_out(stack):
+    """Thousands of connections sending a request line and a header line now and then, never the end of
+    their headers (slowloris), to HAProxy's port and straight to one replica's: another client is still
+    answered through both, and every half-open connection is closed after the header timeout (HAProxy's
+    ``timeout http-request``, the replica's ``ATTNSERVE_HEADER_TIMEOUT_S``, 10 s each)."""
+    import asyncio
+
+    from tests.service.http.test_slow_clients import half_open, trickle, until_closed
+    from tests.service.service_testing import metric_value
+
+    name, each = REPLICAS[1], 2000  # under HAProxy's frontend maxconn (3000) and the replica's bound (4096)
+    ports = {"haproxy": int(stack.url.rsplit(":", 1)[1]), name: stack.replicas[name][0]}
+    urls = {"haproxy": stack.url, name: stack.replica_url(name)}
+    image = SAMPLE.read_bytes()
+    before = httpx.get(f"{urls[name]}/metrics", timeout=10).text
+
+    async def attack() -> dict:
+        opened = time.monotonic()
+        conns = {where: [] for where in ports}
+        for where, port in ports.items():
+            for i in range(0, each, 250):
+                conns[where] += await asyncio.gather(*(half_open("127.0.0.1", port) for _ in range(250)))
+        open_s = time.monotonic() - opened
+        stop = asyncio.Event()
+        trickling = asyncio.create_task(trickle([w for c in conns.values() for _, w in c], stop))
+        await asyncio.sleep(0.5)
+        answers = {}
+        async with httpx.AsyncClient(timeout=10) as client:  # another client, meanwhile
+            for where, url in urls.items():
+                started = time.monotonic()
+                r = await client.post(f"{url}/classify", files={"file": ("shoe.png", image, "image/png")})
+                answers[where] = (r.status_code, round(time.monotonic() - started, 3))
+        held = time.monotonic() - opened
+        ends = {where: await asyncio.gather(*(until_closed(r, 30) for r, _ in c)) for where, c in conns.items()}
+        closed_s = time.monotonic() - opened
+        stop.set()
+        await trickling
+        for c in conns.values():
+            for _, w in c:
+                w.close()
+        return {
+            "open_s": round(open_s, 1),
+            "held_s": held,
+            "closed_s": round(closed_s, 1),
+            "answers": answers,
+            "still_open": {where: sum(e is None for e in e_) for where, e_ in ends.items()},
+            "408": {where: sum(bool(e and b" 408 " in e[:20]) for e in e_) for where, e_ in ends.items()},
+        }
+
+    out = asyncio.run(attack())
+    after = httpx.get(f"{urls[name]}/metrics", timeout=10).text
+
+    def closed(reason: str) -> float:
+        metric = "attnserve_http_connections_closed_total"
+        return metric_value(after, metric, reason=reason) - metric_value(before, metric, reason=reason)
+
+    FIGURES["slow clients"] = {
+        "half-open per port": each,
+        **{k: v for k, v in out.items() if k != "held_s"},
+        f"{name} closed": {reason: closed(reason) for reason in ("header_timeout", "evicted", "refused")},
+    }
+    assert out["held_s"] < 10, "the other client came after the timeout: nothing was tested"
+    assert all(status == 200 and wait < 2 for status, wait in out["answers"].values()), out["answers"]
+    assert out["still_open"] == {where: 0 for where in ports}, out
+    # by the header timeout, or evicted where the replica's open-file limit makes its bound lower than 2,000
+    assert closed("header_timeout") + closed("evicted") == each, FIGURES["slow clients"]
+
+
 # --- a replica killed -------------------------------------------------------------------------------------
 
 
