@@ -102,8 +102,9 @@ int8: install-dev data  ## int8 variants of the shipped versions in their int8/ 
 
 models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 
+# No drain delay unless asked for: nothing balances a development server, so Ctrl-C stops it at once.
 serve: install  ## serve $(MODELS) on :8000 (CPU; docs/deployment.md for a GPU)
-	ATTNSERVE_MODEL_REPOSITORY=$(MODELS) $(BIN)/python -m service
+	ATTNSERVE_MODEL_REPOSITORY=$(MODELS) ATTNSERVE_DRAIN_DELAY_S=$${ATTNSERVE_DRAIN_DELAY_S:-0} $(BIN)/python -m service
 
 lint: install-dev  ## ruff check and ruff format --check (the first step of make test)
 	$(BIN)/ruff check .

@@ -117,6 +117,7 @@ class Service:
             "ATTNSERVE_MODEL_REPOSITORY": str(repository),
             "ATTNSERVE_PORT": str(self.port),
             "ATTNSERVE_GRPC_PORT": "0",  # HTTP is measured; a gRPC server on the shared 8001 would clash
+            "ATTNSERVE_DRAIN_DELAY_S": "0",  # no load balancer in front: stop at once
             "ATTNSERVE_DEFAULT_MODEL": model,
             **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()},
         }

@@ -155,6 +155,7 @@ def start_attnserve(repository: Path, workdir: Path, precision: str = "auto") ->
         "ATTNSERVE_MODEL_REPOSITORY": str(repository),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_GRPC_PORT": "0",
+        "ATTNSERVE_DRAIN_DELAY_S": "0",  # no load balancer in front: stop at once
         "ATTNSERVE_PRECISION": precision,
     }
     return Server("attnserve", [sys.executable, "-m", "service"], env, port, workdir / "attnserve.log")

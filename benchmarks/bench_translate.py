@@ -168,6 +168,7 @@ def start_service(
         "PYTHONPATH": str(ROOT),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_GRPC_PORT": "0",  # HTTP is measured; a gRPC server on the shared 8001 would clash
+        "ATTNSERVE_DRAIN_DELAY_S": "0",  # no load balancer in front: stop at once
         "ATTNSERVE_MODEL_REPOSITORY": str(repository),
         "ATTNSERVE_ACCESS_LOG": "false",
         **{f"ATTNSERVE_{k.upper()}": str(v) for k, v in settings.items()},

@@ -176,6 +176,7 @@ def start_service(label: str, repository: Path, provider: str, log_dir: Path, de
             "ATTNSERVE_HOST": "127.0.0.1",
             "ATTNSERVE_PORT": str(port),
             "ATTNSERVE_GRPC_PORT": "0",  # HTTP is what it checks; two services at once would share 8001
+            "ATTNSERVE_DRAIN_DELAY_S": "0",  # no load balancer in front: stop at once
             "ATTNSERVE_MODEL_REPOSITORY": str(repository),
             "ATTNSERVE_EXECUTION_PROVIDER": "cuda" if provider == CUDA else "cpu",
             "ATTNSERVE_REQUIRE_GPU": "true" if provider == CUDA else "false",

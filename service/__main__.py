@@ -7,6 +7,7 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
+from service.http.connections import GuardedProtocol
 from service.logs import configure_logging, logging_config
 from service.settings import Settings, explain
 
@@ -28,7 +29,8 @@ def main() -> int:
         access_log=False,  # the service logs each request itself, with its request id and latency
         server_header=False,
         timeout_keep_alive=settings.keep_alive_s,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.drain_timeout_s,  # after ATTNSERVE_DRAIN_DELAY_S (service/process.py)
+        http=GuardedProtocol,  # httptools, as "auto" picks, with a header timeout and a connection bound
     )
     return 0
 

@@ -221,6 +221,21 @@ class Metrics:
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._call_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
+        self.connections = Gauge(
+            "attnserve_http_connections",
+            "HTTP connections open in this process (service/http/connections.py).",
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "attnserve_http_connections_closed",
+            "HTTP connections the service closed to protect itself, by reason: `header_timeout` (its request line "
+            "and headers took longer than ATTNSERVE_HEADER_TIMEOUT_S), `evicted` (it waited longest for a request "
+            "when a new connection came at the connection bound), `refused` (a new connection at the bound while "
+            "every connection had a request in progress: 503).",
+            ["reason"],
+            registry=r,
+        )
+
         self.attention_records = Gauge(
             "attnserve_attention_store_records", "Attention records kept (memory store).", registry=r
         )
@@ -270,6 +285,9 @@ class Metrics:
 
     def for_attention_store(self) -> AttentionStoreMetrics:
         return AttentionStoreMetrics(self)
+
+    def for_connections(self) -> ConnectionMetrics:
+        return ConnectionMetrics(self)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -397,3 +415,17 @@ class AttentionStoreMetrics:
 
     def failed(self, operation: str) -> None:
         self._m.attention_failures.labels(operation).inc()
+
+
+class ConnectionMetrics:
+    """The HTTP connections' view of the metrics (see ``service.http.connections.ConnectionObserver``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._open = metrics.connections
+        self._closed = {r: metrics.connections_closed.labels(r) for r in ("header_timeout", "evicted", "refused")}
+
+    def open(self, count: int) -> None:
+        self._open.set(count)
+
+    def closed(self, reason: str) -> None:
+        self._closed[reason].inc()

@@ -87,6 +87,40 @@ class Settings(BaseSettings):
         "and proxies in front (httpx 5 s, AWS ALB 60 s), so that they, not the service, close an idle connection: "
         "one closed by the service just as a client sends on it loses that request.",
     )
+    drain_delay_s: float = Field(
+        5.0,
+        ge=0.0,
+        le=300.0,
+        description="After SIGTERM or SIGINT, seconds the service goes on accepting and answering while its readiness "
+        "(`/readyz`, and the Open Inference Protocol's over REST and gRPC) says it is draining, so that a load "
+        "balancer takes it out before it stops accepting; a second signal ends the delay at once. 0: stop accepting "
+        "at the first signal.",
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=3600.0,
+        description="Once the service stops accepting, longest it lets the HTTP requests and gRPC calls in flight "
+        "finish (streams included) before it cancels them and stops.",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Longest a request's line and headers may take to arrive: from the connection's opening, or on a "
+        "keep-alive connection from the first byte of its next request; a slower one (slowloris) gets 408 "
+        "`request_timeout` and its connection is closed. Also the gRPC port's handshake timeout.",
+    )
+    max_connections: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Most HTTP connections the process holds, and most gRPC connections: at the bound a new HTTP "
+        "connection closes the one that has waited longest for a request (headers incomplete, or idle between "
+        "requests), or, when every connection has a request in progress, gets 503 `overloaded` and is closed; a "
+        "new gRPC connection is closed. 0: half of the process's open-file limit (RLIMIT_NOFILE) less 256, at most "
+        "4096.",
+    )
     log_level: LogLevel = Field("info", description="Minimum level of the service's logs.")
     log_format: LogFormat = Field("json", description="`json`: one JSON object per line; `text` for humans.")
     access_log: bool = Field(True, description="Log one line per request (method, path, status, latency).")
@@ -290,6 +324,12 @@ class Settings(BaseSettings):
         front of them, on the event loop, where nothing else bounds its wait."""
         return self.max_requests_in_flight or self.max_queue_images + self.max_waiting_sequences
 
+    @property
+    def connection_bound(self) -> int:
+        """``max_connections``, or what 0 stands for: half the open files the process may hold (HTTP's and
+        gRPC's connections each bounded by it) less 256 for the models, logs and Redis, at most 4096."""
+        return self.max_connections or default_connection_bound()
+
     @field_validator("version_policy", mode="after")
     @classmethod
     def _valid_policy(cls, value: str) -> str:
@@ -347,6 +387,20 @@ class Settings(BaseSettings):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+CONNECTION_BOUND_CEILING = 4096  # HAProxy's maxconn in the Compose profile; far more than two cores can serve
+RESERVED_FILES = 256  # model files, logs, Redis, the listeners
+
+
+def default_connection_bound() -> int:
+    """What ``ATTNSERVE_MAX_CONNECTIONS=0`` stands for in this process (see ``Settings.connection_bound``)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return CONNECTION_BOUND_CEILING
+    return max(16, min(CONNECTION_BOUND_CEILING, (soft - RESERVED_FILES) // 2))
 
 
 def _pillow_formats() -> set[str]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnxruntime as ort
 
@@ -33,6 +34,23 @@ from service.settings import Settings
 log = logging.getLogger("attnserve.app")
 
 
+class Draining:
+    """Whether the process is draining: from its first SIGTERM or SIGINT (``service/process.py``) it answers
+    as before while its readiness says no, so that load balancers stop sending to it before it stops
+    accepting."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # time.monotonic() of the signal
+
+    @property
+    def active(self) -> bool:
+        return self.since is not None
+
+    def begin(self) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+
+
 @dataclass(frozen=True)
 class Serving:
     settings: Settings
@@ -43,6 +61,13 @@ class Serving:
     lifecycle: Lifecycle
     keys: Keys | None  # None: keys are off
     in_flight: InFlight  # requests that queue work, over every transport
+    draining: Draining = field(default_factory=Draining)
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """(ready, reasons), as ``Registry.readiness``; never ready once draining, whatever the models."""
+        if self.draining.active:
+            return False, ["draining: the service is stopping and will soon refuse connections"]
+        return self.registry.readiness()
 
 
 @contextlib.asynccontextmanager

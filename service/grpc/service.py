@@ -42,7 +42,7 @@ class InferenceService(GRPCInferenceServiceServicer):
 
     @rpc("ServerReady", open_access=True)
     async def ServerReady(self, request, context, key_id):
-        ready, _ = self.serving.registry.readiness()
+        ready, _ = self.serving.readiness()  # not ready from SIGTERM on: draining
         return pb.ServerReadyResponse(ready=ready)
 
     @rpc("ModelReady")
@@ -53,7 +53,8 @@ class InferenceService(GRPCInferenceServiceServicer):
             model = versions.get(request.version)
         else:
             model = self.serving.registry.models.get(request.name) if versions else None
-        return pb.ModelReadyResponse(ready=model is not None and model.status is Status.READY)
+        ready = model is not None and model.status is Status.READY and not self.serving.draining.active
+        return pb.ModelReadyResponse(ready=ready)
 
     @rpc("ServerMetadata")
     async def ServerMetadata(self, request, context, key_id):

@@ -3,7 +3,6 @@ the service's routes, settings and drain time."""
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shlex
@@ -210,24 +209,10 @@ def attnserve_env(env: dict) -> dict[str, str]:
     }
 
 
-def drain_seconds() -> float:
-    """How long the service may drain after SIGTERM: uvicorn's ``timeout_graceful_shutdown`` in
-    service/__main__.py and the gRPC server's ``GRACE_S`` (service/grpc/), which run at once from the signal on."""
-    tree = ast.parse((ROOT / "service" / "__main__.py").read_text())
-    http = [
-        float(ast.literal_eval(node.value))
-        for node in ast.walk(tree)
-        if isinstance(node, ast.keyword) and node.arg == "timeout_graceful_shutdown"
-    ]
-    assert http, "service/__main__.py sets no timeout_graceful_shutdown"
-    grpc = [
-        float(ast.literal_eval(node.value))
-        for path in sorted((ROOT / "service" / "grpc").rglob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "GRACE_S" for t in node.targets)
-    ]
-    assert grpc, "service/grpc/ sets no GRACE_S"
-    return max(*http, *grpc)
+def drain_seconds(settings) -> float:
+    """How long the service may take to end after SIGTERM with these settings: the drain delay (still
+    accepting, /readyz 503), then the drain of HTTP and gRPC together (service/process.py)."""
+    return settings.drain_delay_s + settings.drain_timeout_s
 
 
 def duration_seconds(value: str | int) -> float:

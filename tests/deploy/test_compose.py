@@ -126,14 +126,15 @@ def test_api_settings_are_real_settings(services, name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["api", "api-cpu", *REPLICAS])
-def test_api_healthcheck_restart_and_drain(services, name):
+def test_api_healthcheck_restart_and_drain(services, name, monkeypatch):
     s = services[name]
     dockerfile = parse_dockerfile()
     (hc,) = dockerfile.stage(s["build"]["target"]).all("HEALTHCHECK")
     assert s["healthcheck"]["test"] == ["CMD", *exec_form(hc.args.split(" CMD ", 1)[1])]
     assert "/readyz" in s["healthcheck"]["test"][-1] and "/readyz" in route_paths()
     assert s["restart"] in {"always", "unless-stopped", "on-failure"}
-    assert duration_seconds(s["stop_grace_period"]) > drain_seconds(), "Docker would kill the service mid-drain"
+    settings = settings_from(attnserve_env(s["environment"]), monkeypatch)
+    assert duration_seconds(s["stop_grace_period"]) > drain_seconds(settings), "Docker would kill the service mid-drain"
     assert s["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
@@ -239,9 +240,14 @@ def test_haproxy_bounds_connections_and_slow_clients_and_waits_out_deadlines(hap
     HAProxy, ends a slow request with its own answer."""
     (maxconn,) = lines(haproxy[("global", "")], "maxconn")
     assert 0 < int(maxconn[0]) <= 65536
+    # each frontend a share of its own, together no more than the process's: no one port starves the others
+    shares = {name: lines(section, "maxconn") for (kind, name), section in haproxy.items() if kind == "frontend"}
+    assert all(len(share) == 1 for share in shares.values()), shares
+    assert sum(int(share[0][0]) for share in shares.values()) <= int(maxconn[0])
     timeouts = {t[0]: duration_seconds(t[1]) for t in lines(haproxy[("defaults", "")], "timeout")}
     settings = settings_from({}, monkeypatch)
     assert timeouts["http-request"] <= settings.body_timeout_s
+    assert timeouts["http-request"] == settings.header_timeout_s  # as a replica reached directly
     assert timeouts["server"] >= settings.max_request_timeout_s
     assert {"connect", "client", "http-keep-alive", "check"} <= set(timeouts)
 

@@ -114,11 +114,16 @@ def test_gpu_resources_and_limits(docs):
     assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
 
 
-def test_termination_waits_for_the_drain(docs):
+def test_termination_waits_for_the_drain(docs, monkeypatch):
+    """The grace period covers the preStop sleep, the service's drain delay and its drain, and a margin;
+    the sleep and the delay together give kube-proxy and ingresses 10 s to stop sending to the pod."""
     pod = docs[("Deployment", "attnserve")]["spec"]["template"]["spec"]
     sleep = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep[0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] >= float(sleep[1]) + drain_seconds() + 5
+    (source,) = pod["containers"][0]["envFrom"]
+    settings = settings_from(docs[("ConfigMap", source["configMapRef"]["name"])]["data"], monkeypatch)
+    assert pod["terminationGracePeriodSeconds"] >= float(sleep[1]) + drain_seconds(settings) + 5
+    assert float(sleep[1]) + settings.drain_delay_s >= 10
 
 
 def test_runs_as_the_image_user(docs):

@@ -32,6 +32,7 @@ STARTUP_TIMEOUT_S = 60.0
 # core for the test client on a 2-core machine.
 BASE_ENV = {
     "ATTNSERVE_GRPC_PORT": "0",  # no gRPC server unless a test asks for one (on a free port)
+    "ATTNSERVE_DRAIN_DELAY_S": "0",  # nothing balances a test server: SIGTERM stops it at once (test_drain.py waits)
     "ATTNSERVE_INTRA_OP_THREADS": "1",
     "ATTNSERVE_MAX_BATCH_SIZE": "16",
     "ATTNSERVE_MAX_IMAGES_PER_REQUEST": "16",

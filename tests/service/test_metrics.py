@@ -80,6 +80,8 @@ EXPORTED = {
     "attnserve_attention_store_bytes": ("gauge", set()),
     "attnserve_attention_store_evictions": ("counter", {"reason"}),
     "attnserve_attention_store_failures": ("counter", {"operation"}),
+    "attnserve_http_connections": ("gauge", set()),
+    "attnserve_http_connections_closed": ("counter", {"reason"}),
 }
 
 
@@ -104,6 +106,9 @@ def touch_everything(m: Metrics) -> None:
     store.stored(1, 10)
     store.evicted("ttl")
     store.failed("get")
+    connections = m.for_connections()
+    connections.open(3)
+    connections.closed("evicted")
     m.provider.labels("vit", "1", "CPUExecutionProvider").set(1)  # as the registry marks a model ready
     m.ready.labels("vit", "1").set(1)
     m.load_failures.labels("vit", "3").inc()  # as the lifecycle counts a version that failed to load

@@ -24,13 +24,14 @@ async def healthz(request: Request, serving: Serving) -> Response:
 
 
 async def readyz(request: Request, serving: Serving) -> Response:
-    """200 when every model is loaded and warmed up; 503, saying why, until then."""
-    registry = serving.registry
-    ready, reasons = registry.readiness()
-    models = {m.key: m.status.value for m in registry.models.values()}
+    """200 when every model is loaded and warmed up; 503, saying why, until then, and from SIGTERM on
+    (``draining``: the process still answers, but a load balancer should send it nothing new)."""
+    ready, reasons = serving.readiness()
+    models = {m.key: m.status.value for m in serving.registry.models.values()}
     if ready:
         return Response(dump_json({"status": "ready", "models": models}), media_type=JSON_TYPE)
-    body = {"error": {"code": "not_ready", "message": "; ".join(reasons)}, "status": "not_ready", "models": models}
+    state = "draining" if serving.draining.active else "not_ready"
+    body = {"error": {"code": state, "message": "; ".join(reasons)}, "status": state, "models": models}
     return Response(
         dump_json(body),
         status_code=503,

@@ -58,18 +58,21 @@ async def server_live(request: Request, serving: Serving) -> Response:
 
 
 async def server_ready(request: Request, serving: Serving) -> Response:
-    """200 when every model is ready, 503 (saying why) until then."""
-    ready, reasons = serving.registry.readiness()
+    """200 when every model is ready, 503 (saying why) until then, and while draining."""
+    ready, reasons = serving.readiness()
     if not ready:
-        return protocol_error_response(
-            503, "not_ready", "; ".join(reasons), {"Retry-After": str(serving.settings.retry_after_s)}
-        )
+        headers = {"Retry-After": str(serving.settings.retry_after_s)}
+        if serving.draining.active:
+            return protocol_error_response(503, "draining", "; ".join(reasons), headers)
+        return protocol_error_response(503, "not_ready", "; ".join(reasons), headers)
     return json_answer({"ready": True})
 
 
 async def model_ready(request: Request, serving: Serving) -> Response:
     """200 when the model (version) is ready to infer, 503 (saying why) when it is not."""
     model = served_model(serving, request, ready=False)
+    if serving.draining.active:
+        return protocol_error_response(503, "draining", f"model {model.key}: the service is draining")
     if model.status is not Status.READY:
         return protocol_error_response(503, "model_not_ready", f"model {model.key} is {model.status.value}")
     return json_answer({"name": model.name, "ready": True})
