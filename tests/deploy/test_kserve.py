@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.deploy.kserve_crds import INFERENCE_SERVICE, PROTOCOLS, SERVING_RUNTIME
-from tests.deploy.parsing import ROOT, route_paths, settings_fields
+from tests.deploy.parsing import ROOT, drain_seconds, route_paths, settings_fields, settings_from
 from tests.deploy.test_k8s import schema_versions
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -103,6 +103,13 @@ def test_the_runtime_configures_the_service_as_it_reads_its_settings(runtime):
     env = env_of(runtime)
     assert {k.removeprefix("ATTNSERVE_").lower() for k in env} <= settings_fields()
     assert env["ATTNSERVE_MODEL_REPOSITORY"] == "/mnt/models"  # where KServe's storage initializer puts storageUri
+
+
+def test_the_drain_ends_within_the_pods_default_grace_period(runtime, isvc, monkeypatch):
+    """Neither file sets the pod's terminationGracePeriodSeconds, so Kubernetes' 30 s applies: the drain delay
+    and the drain that follows must end before the kubelet kills the container."""
+    assert "terminationGracePeriodSeconds" not in yaml.safe_dump(isvc) + yaml.safe_dump(runtime)
+    assert drain_seconds(settings_from(env_of(runtime), monkeypatch)) < 30
 
 
 def test_the_one_port_is_the_protocols_and_the_probes_ask_real_routes(protocol, runtime):
