@@ -15,7 +15,8 @@ Two services on the shipped models (``python -m service``; one ``redis-server``,
 ``off`` without the cache, and the cache on, measured twice: ``cold`` (Redis emptied first: what the
 first replica to translate these catalogs sees) and ``warm`` (the same catalogs again: another
 replica, a CI run, the next release's unchanged strings). ``--clients`` clients run at once, each
-taking the next catalog. Each round runs ``off`` and ``cold`` then ``warm``, in an order rotating
+taking the next catalog; ``warm`` goes through the catalogs ``--warm-repeats`` times, since one pass
+takes a fraction of a second. Each round runs ``off`` and ``cold`` then ``warm``, in an order rotating
 from round to round; the medians over ``--rounds`` rounds are printed, with each mode's hit ratio
 (strings answered from the cache, read from the service's ``/metrics``), requests/s, strings/s and
 the median request latency, then the ratios to ``off`` with the lowest and highest of a single round.
@@ -81,9 +82,9 @@ def lookups(service: Service) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in LOOKUPS.finditer(text)}
 
 
-def translate_all(service: Service, catalogs: list[list[str]], clients: int, options: dict) -> dict:
-    """Every catalog through ``service``, ``clients`` at a time, ``BATCH`` strings per request."""
-    queue = list(range(len(catalogs)))
+def translate_all(service: Service, catalogs: list[list[str]], clients: int, options: dict, repeat: int = 1) -> dict:
+    """Every catalog through ``service`` (``repeat`` times), ``clients`` at a time, ``BATCH`` strings per request."""
+    queue = [i for _ in range(repeat) for i in range(len(catalogs))]
     lock = threading.Lock()
     latencies: list[float] = []
     failures: list[str] = []
@@ -117,7 +118,7 @@ def translate_all(service: Service, catalogs: list[list[str]], clients: int, opt
         raise SystemExit(f"{len(failures)} requests failed, the first: {failures[0]}")
     after = lookups(service)
     looked = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("hit", "miss", "error")}
-    strings = sum(len(c) for c in catalogs)
+    strings = repeat * sum(len(c) for c in catalogs)
     asked = sum(looked.values())
     return {
         "seconds": seconds,
@@ -166,11 +167,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--catalogs", type=Path, nargs="+", help=f"catalogs (.mo/.po; default: {', '.join(TOOLS)} in data/cache)"
     )
-    p.add_argument("--fraction", type=float, default=0.15, help="share of each catalog's strings kept (by sha256)")
+    p.add_argument("--fraction", type=float, default=0.3, help="share of each catalog's strings kept (by sha256)")
     p.add_argument("--max-chars", type=int, default=200, help="longest string kept")
     p.add_argument("--clients", type=int, default=2, help="catalogs translated at once")
     p.add_argument("--beam-size", type=int, help="beam of every request (default: the model's, as po translate)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median kept)")
+    p.add_argument("--warm-repeats", type=int, default=10, help="warm: the catalogs this many times (it is quick)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median kept)")
     return p.parse_args(argv)
 
 
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "cold":
                     redis.client.flushdb()
                 service = services["off" if name == "off" else "on"]
-                modes[name].rounds.append(figures := translate_all(service, catalogs, args.clients, options))
+                repeat = args.warm_repeats if name == "warm" else 1
+                modes[name].rounds.append(figures := translate_all(service, catalogs, args.clients, options, repeat))
                 print(
                     f"  round {r + 1}/{args.rounds}: {name:4s}: {figures['req_per_s']:8.2f} req/s "
                     f"{figures['strings_per_s']:8.1f} str/s, hits {figures['hit_ratio']:6.1%}, "

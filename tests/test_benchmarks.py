@@ -455,6 +455,7 @@ def test_bench_response_cache_measures_hits_and_throughput_off_cold_and_warm(tmp
         paths.append(tmp_path / f"{name}.po")
         catalog.save(str(paths[-1]))
     args = ["--catalogs", *map(str, paths), "--fraction", "1", "--rounds", "2", "--clients", "1", "--beam-size", "1"]
+    args += ["--warm-repeats", "2"]
     proc = run_module("benchmarks.bench_response_cache", *args, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "15 strings, 9 distinct" in proc.stdout
