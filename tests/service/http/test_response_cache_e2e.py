@@ -19,7 +19,7 @@ import pytest
 import redis as redis_client
 
 from tests.conftest import ROOT
-from tests.service.service_testing import RedisServer, metric_value, start_subprocess_server
+from tests.service.service_testing import RedisServer, free_port, metric_value, start_subprocess_server
 
 SHIPPED = ROOT / "models"
 SAMPLES = sorted((SHIPPED / "vit" / "1").glob("sample-*.png"))
@@ -42,7 +42,7 @@ def servers(redis, tmp_path_factory):
     common = {"response_cache": "true", "redis_url": redis.url, "redis_timeout_s": "0.3"}
     variants = {
         "a": {},
-        "b": {},
+        "b": {"grpc_port": str(free_port())},
         "short": {"response_cache_ttl_s": "2"},
         "shared keys": {"api_key_hashes": hashes},
         "keys apart": {"api_key_hashes": hashes, "response_cache_scope": "key"},
@@ -230,6 +230,31 @@ def test_the_open_inference_protocol_shares_the_entries(servers):
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == [made]
     assert lookups(b, "translate")["hit"] - before["hit"] == 1
+
+
+def test_grpc_shares_the_entries(servers):
+    """Triton's gRPC client on one replica: a text and an image another replica answered over HTTP are hits."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    a, b = servers["a"], servers["b"]
+    text, png = "Quits the application.", SAMPLES[6].read_bytes()
+    made = translate(a, text=text).json()["results"][0]["translation"]
+    native = classify_json(a, [png], top_k=10).json()["results"][0]["top_k"]
+    before = lookups(b, "translate")["hit"], lookups(b, "classify")["hit"]
+    client = grpcclient.InferenceServerClient(b.grpc)
+    try:
+        texts = grpcclient.InferInput("text", [1], "BYTES")
+        texts.set_data_from_numpy(np.array([text.encode()], dtype=object))
+        translated = client.infer("translator", [texts]).as_numpy("translation")
+        images = grpcclient.InferInput("images", [1], "BYTES")
+        images.set_data_from_numpy(np.array([png], dtype=object))
+        probabilities = client.infer("vit", [images]).as_numpy("probabilities")[0]
+    finally:
+        client.close()
+    assert [t.decode() for t in translated] == [made]
+    assert {t["index"]: t["score"] for t in native} == dict(enumerate(probabilities.tolist()))
+    assert (lookups(b, "translate")["hit"], lookups(b, "classify")["hit"]) == (before[0] + 1, before[1] + 1)
 
 
 def bearer(key: str) -> dict[str, str]:
