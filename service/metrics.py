@@ -256,6 +256,27 @@ class Metrics:
             registry=r,
         )
 
+        self.response_cache_lookups = Counter(
+            "attnserve_response_cache_lookups",
+            "Texts (translate) and images (classify) looked up in the response cache, by result: `hit`, `miss`, "
+            "or `error` (Redis failed or failed less than a second ago: computed without the cache).",
+            ["operation", "result"],
+            registry=r,
+        )
+        self.response_cache_failures = Counter(
+            "attnserve_response_cache_failures",
+            "Response-cache calls to Redis that failed (unreachable, or slower than redis_timeout_s), by call "
+            "(`get`: the lookup of a request, `set`: the writing of its new answers).",
+            ["call"],
+            registry=r,
+        )
+        self.response_cache_oversized = Counter(
+            "attnserve_response_cache_oversized",
+            "Answers of a text or image not cached because larger than response_cache_max_entry_bytes.",
+            ["operation"],
+            registry=r,
+        )
+
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         children = self._request_children.get((route, method, status))
         if children is None:  # first request of its kind: resolve the labelled children once
@@ -288,6 +309,9 @@ class Metrics:
 
     def for_connections(self) -> ConnectionMetrics:
         return ConnectionMetrics(self)
+
+    def for_response_cache(self) -> ResponseCacheMetrics:
+        return ResponseCacheMetrics(self)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -429,3 +453,19 @@ class ConnectionMetrics:
 
     def closed(self, reason: str) -> None:
         self._closed[reason].inc()
+
+
+class ResponseCacheMetrics:
+    """The response cache's view of the metrics (see ``service.core.response_cache.CacheObserver``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def looked_up(self, operation: str, result: str, count: int) -> None:
+        self._m.response_cache_lookups.labels(operation, result).inc(count)
+
+    def failed(self, call: str) -> None:
+        self._m.response_cache_failures.labels(call).inc()
+
+    def oversized(self, operation: str, count: int) -> None:
+        self._m.response_cache_oversized.labels(operation).inc(count)

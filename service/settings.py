@@ -28,6 +28,7 @@ GraphOptimization = Literal["disabled", "basic", "extended", "all"]
 ExecutionProvider = Literal["auto", "cuda", "cpu"]
 Precision = Literal["auto", "fp32", "int8"]
 DecoderCache = Literal["auto", "host", "device"]
+CacheScope = Literal["shared", "key"]
 LogFormat = Literal["json", "text"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 DEFAULT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
@@ -304,7 +305,7 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://localhost:6379/0",
         pattern=r"^(redis|rediss|unix)://",
-        description="Redis of the `redis` attention store.",
+        description="Redis of the `redis` attention store and of the response cache.",
     )
     redis_timeout_s: float = Field(
         0.5,
@@ -315,6 +316,31 @@ class Settings(BaseSettings):
     attention_ttl_s: int = Field(600, ge=1, le=7 * 86400, description="Seconds an attention id stays retrievable.")
     attention_max_bytes: int = Field(
         256 * MiB, ge=1 * MiB, description="Memory store: total size of kept maps; the least recently used go first."
+    )
+
+    # --- response cache -----------------------------------------------------------------------
+    response_cache: bool = Field(
+        False,
+        description="Keep answers of /translate (each text) and /classify (each image), and of the Open Inference "
+        "Protocol's infer on the same models, in the Redis of `redis_url`, shared by every replica that uses it: a "
+        "text or image asked for again with the same model file and options is answered from there. Needs "
+        "`redis_url` set.",
+    )
+    response_cache_ttl_s: int = Field(
+        86_400, ge=1, le=30 * 86_400, description="Seconds a cached answer is kept (Redis expires it)."
+    )
+    response_cache_max_entry_bytes: int = Field(
+        65_536,
+        ge=256,
+        le=16 * MiB,
+        description="Largest answer of one text or image that is cached (its JSON); a larger one is answered but "
+        "not kept.",
+    )
+    response_cache_scope: CacheScope = Field(
+        "shared",
+        description="`shared`: one entry per text or image whoever asks, so a string is computed once for every "
+        "caller; `key`: with API keys, entries are per key, so that a caller cannot tell from `X-Cache` or the "
+        "latency that another key asked for the same text.",
     )
 
     @property
@@ -378,6 +404,11 @@ class Settings(BaseSettings):
         if self.request_timeout_s > self.max_request_timeout_s:
             problems.append(
                 "request_timeout_s must not exceed max_request_timeout_s, the longest a request may ask for"
+            )
+        if self.response_cache and "redis_url" not in self.model_fields_set:
+            problems.append(
+                "response_cache is shared through Redis: set redis_url (e.g. redis://redis:6379/0) to the Redis "
+                "every replica uses"
             )
         if self.require_gpu and self.execution_provider == "cpu":
             problems.append("require_gpu contradicts execution_provider='cpu'")

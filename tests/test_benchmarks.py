@@ -433,3 +433,32 @@ def test_bench_constraints_prices_the_constraint_within_a_step():
     for *_, decoder, off, on, ratio, low, high in rows:
         assert 0 < float(off) and 0 < float(on) and 0 < float(decoder) < 10_000, proc.stdout
         assert 0.5 < float(low) <= float(high) < 2.0 and 0.5 < float(ratio) < 2.0, proc.stdout
+
+
+def test_bench_response_cache_measures_hits_and_throughput_off_cold_and_warm(tmp_path):
+    """Three small catalogs sharing strings, on the shipped models: the cold pass hits exactly the strings
+    an earlier catalog had, the warm pass every string, and every row has its figures."""
+    import polib
+
+    shared = ["Write error.", "Memory exhausted.", "Try again later."]
+    own = {
+        "alpha": ["Open the file.", "Close the window."],
+        "beta": ["Save the document.", "Print the page."],
+        "gamma": ["Delete the row.", "Insert a column."],
+    }
+    paths = []
+    for name, texts in own.items():
+        catalog = polib.POFile()
+        catalog.metadata = {"Content-Type": "text/plain; charset=UTF-8", "Language": "de"}
+        for text in [*texts, *shared]:
+            catalog.append(polib.POEntry(msgid=text, msgstr=""))
+        paths.append(tmp_path / f"{name}.po")
+        catalog.save(str(paths[-1]))
+    args = ["--catalogs", *map(str, paths), "--fraction", "1", "--rounds", "2", "--clients", "1", "--beam-size", "1"]
+    args += ["--warm-repeats", "2"]
+    proc = run_module("benchmarks.bench_response_cache", *args, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "15 strings, 9 distinct" in proc.stdout
+    table = dict(re.findall(r"^(off|cold|warm) +([\d.]+)% ", proc.stdout, re.MULTILINE))
+    assert table == {"off": "0.0", "cold": "40.0", "warm": "100.0"}, proc.stdout  # cold: 6 of 15 seen before
+    assert_sane_figures(proc.stdout, ("cold vs off:", "warm vs off:", "round 1/2: off", "round 2/2: warm"))

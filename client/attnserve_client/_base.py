@@ -27,7 +27,15 @@ T = TypeVar("T")
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_RETRIES = 2
-RETRYABLE_STATUSES = frozenset({429, 503})
+# Answers that say "not now" rather than "not this request": the service's full queue or warm-up (429,
+# 503), and what a proxy or load balancer in front answers when a replica closed the connection without
+# an answer (killed, restarting: 502) or did not answer in time (504). Every call the SDK makes is
+# idempotent (a classification or translation repeated gives the same answer), so sending it again is
+# safe. Not retried: the service's own 504 `deadline_exceeded` (the deadline the caller set has passed:
+# another attempt would only exceed it further) and 500 (`inference_failed`, `internal_error`: the same
+# input fails the same way, and a retry would only triple the load of a failing request).
+RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+NOT_RETRIED_CODES = frozenset({"deadline_exceeded"})
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,7 @@ class Call(Generic[T]):
     data: Mapping[str, str] | None = None
     accept: str = "application/json"
     answers: frozenset[int] = frozenset()  # error statuses whose body is an answer, not a failure (/readyz's 503)
-    retry: bool = True
+    retry: bool = True  # idempotent: may be sent again after a failure that is not the request's fault
     stream: bool = False
 
 
@@ -137,7 +145,7 @@ class BaseClient:
             return outcome
         else:
             error = errors.from_response(outcome)
-            retryable = outcome.status_code in RETRYABLE_STATUSES
+            retryable = outcome.status_code in RETRYABLE_STATUSES and error.code not in NOT_RETRIED_CODES
         delay = self.retry_policy.delay(attempt, error.retry_after) if call.retry and retryable else None
         if delay is None or attempt >= self.max_retries:
             raise error from (outcome if isinstance(outcome, httpx.TransportError) else None)

@@ -2,9 +2,10 @@
 
 ``running`` builds them (models loaded in the background, so that readiness can say "not yet, and
 why"), yields a ``Serving``, and stops them in order when the transports are done: loading and
-polling first, then the engines (queued work answered or refused), the attention store, the image
-decoder. Every HTTP handler and gRPC call receives the same ``Serving``, so a handler never reaches
-into globals, and both transports share the keys and the in-flight bound as they share the queues.
+polling first, then the engines (queued work answered or refused), the attention store, the response
+cache, the image decoder. Every HTTP handler and gRPC call receives the same ``Serving``, so a handler
+never reaches into globals, and both transports share the keys and the in-flight bound as they share
+the queues.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from service import __version__
 from service.attention.store import AttentionStore, create_store
 from service.core.admission import InFlight
 from service.core.keys import Keys
+from service.core.response_cache import ResponseCache
 from service.images import ImageDecoder, ImageLimits
 from service.lifecycle import Lifecycle
 from service.logs import flush_access_logs
@@ -62,6 +64,7 @@ class Serving:
     keys: Keys | None  # None: keys are off
     in_flight: InFlight  # requests that queue work, over every transport
     draining: Draining = field(default_factory=Draining)
+    responses: ResponseCache | None = None  # the response cache in Redis (None: off)
 
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, reasons), as ``Registry.readiness``; never ready once draining, whatever the models."""
@@ -91,8 +94,9 @@ async def running(
         threads=settings.decode_threads,
     )
     store = create_store(settings, metrics.for_attention_store())
+    responses = ResponseCache.from_settings(settings, metrics.for_response_cache())
     lifecycle = Lifecycle(registry)
-    serving = Serving(settings, metrics, registry, decoder, store, lifecycle, keys, in_flight)
+    serving = Serving(settings, metrics, registry, decoder, store, lifecycle, keys, in_flight, responses=responses)
     loading = asyncio.create_task(registry.load(), name="load-models")
     if settings.repository_poll_s > 0:
         lifecycle.start_polling(settings.repository_poll_s)
@@ -109,6 +113,8 @@ async def running(
         await lifecycle.stop()
         await registry.close()
         await store.close()
+        if responses is not None:
+            await responses.close()
         decoder.close()
         flush_access_logs()
         log.info("stopped")

@@ -6,7 +6,8 @@ once they have read their request: cut each text into sentences, queue one decod
 sentence on the model's continuous-batching scheduler, and wait; if the client goes away or the
 request's deadline passes meanwhile, its requests leave the running batch at the next step. With
 attention, each text's maps are computed once it is decoded, summarised and stored under an id its
-caller's key owns.
+caller's key owns. With the response cache on (``service/core/response_cache.py``), the texts it
+holds are answered from it and only the others decoded, then kept there.
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ import asyncio
 
 from service.attention.capture import join_translation_maps, store_records, translation_record, translation_summary
 from service.core.caller import Caller, KeyedStore
+from service.core.response_cache import (
+    CacheReport,
+    ModelIdentity,
+    TranslationOptions,
+    decode_translation,
+    encode_translation,
+)
 from service.core.serving import Serving
 from service.engine.scheduler import Scheduler
 from service.errors import InvalidField
@@ -34,14 +42,14 @@ def decode_jobs(
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
     if body.return_attention and not translator.has_attention:
         raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
-    default_beam = 1 if body.stream else translator.default_beam  # a stream's tokens come from greedy decoding
+    options = resolved_options(translator, settings, body)
     jobs = translator.jobs(
         body.all_texts,
         protect=body.protect_placeholders,
-        beam_size=default_beam if body.beam_size is None else body.beam_size,
-        length_penalty=translator.default_length_penalty if body.length_penalty is None else body.length_penalty,
-        num_return_sequences=body.num_return_sequences,
-        max_new_tokens=body.max_new_tokens,
+        beam_size=options.beam_size,
+        length_penalty=options.length_penalty,
+        num_return_sequences=options.num_return_sequences,
+        max_new_tokens=options.max_new_tokens,
         limits=Limits(
             settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
         ),
@@ -49,11 +57,70 @@ def decode_jobs(
     return translator, scheduler, jobs
 
 
+def resolved_options(translator: Translator, settings: Settings, body: TranslateRequest) -> TranslationOptions:
+    """The request's decoding options with their defaults applied: every one that changes an answer."""
+    default_beam = 1 if body.stream else translator.default_beam  # a stream's tokens come from greedy decoding
+    return TranslationOptions(
+        protect_placeholders=body.protect_placeholders and translator.sentinels is not None,
+        beam_size=default_beam if body.beam_size is None else body.beam_size,
+        length_penalty=float(
+            translator.default_length_penalty if body.length_penalty is None else body.length_penalty
+        ),  # 1 and 1.0 are one option: one key
+        num_return_sequences=body.num_return_sequences,
+        max_new_tokens=body.max_new_tokens,
+        max_new_tokens_cap=settings.max_new_tokens,
+    )
+
+
 async def translate_texts(
-    caller: Caller, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
+    caller: Caller,
+    serving: Serving,
+    served: ServedModel,
+    body: TranslateRequest,
+    deadline: float,
+    report: CacheReport | None = None,
 ) -> dict:
-    """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed request."""
+    """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed
+    request. With the response cache on, the texts it holds are answered from it and only the others
+    decoded (``report`` says how many came from it)."""
     translator, scheduler, jobs = decode_jobs(served, serving.settings, body)
+    cache = serving.responses
+    if cache is None or body.return_attention:  # attention ids are the caller's: never from the cache
+        if report is not None and cache is not None:
+            report.bypassed()
+        return await _decode(caller, serving, translator, scheduler, jobs, body, deadline)
+    texts = body.all_texts
+    keys = cache.keys(
+        "translate", ModelIdentity.of(served), resolved_options(translator, serving.settings, body), caller.key_id
+    )
+    names = [keys.text(t) for t in texts]
+    found = await cache.get_many("translate", names, decode_translation)
+    if report is not None:
+        report.looked_up(found, len(texts))
+    cached = found if found is not None else [None] * len(texts)
+    todo: dict[str, int] = {}  # key -> the first text with it not cached: a text asked for twice is decoded once
+    for i, (name, entry) in enumerate(zip(names, cached)):
+        if entry is None:
+            todo.setdefault(name, i)
+    made: dict[str, dict] = {}
+    if todo:
+        fresh = await _decode(caller, serving, translator, scheduler, [jobs[i] for i in todo.values()], body, deadline)
+        made = dict(zip(todo, fresh["results"]))
+        if found is not None:  # Redis answered the lookup: keep what was decoded for the next request
+            await cache.put_many("translate", {name: encode_translation(r) for name, r in made.items()})
+    results = [entry if entry is not None else made[name] for name, entry in zip(names, cached)]
+    return {"model": translator.name, "version": translator.version, "results": results}
+
+
+async def _decode(
+    caller: Caller,
+    serving: Serving,
+    translator: Translator,
+    scheduler: Scheduler,
+    jobs: list[Job],
+    body: TranslateRequest,
+    deadline: float,
+) -> dict:
     tickets = scheduler.submit([r for job in jobs for r in job.requests], deadline=deadline)
 
     def abandon() -> None:

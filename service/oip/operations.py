@@ -27,7 +27,7 @@ import numpy as np
 from service import __version__
 from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.core.caller import Caller
-from service.core.classify import attach_attention, decode_images
+from service.core.classify import attach_attention, decode_images, ranking, submit
 from service.core.serving import Serving
 from service.core.translate import translate_texts
 from service.errors import InvalidBase64, InvalidField, ModelNotFound
@@ -135,7 +135,7 @@ async def _classify(
                 raise InvalidField("input 'images' is BYTES [N]: one encoded image file per row")
             files = [_image_bytes(v, i, tensor) for i, v in enumerate(tensor.data)]
             rows = pixels = await decode_images(files, classifier, serving.decoder)
-            future = batcher.submit(rows, attention=attention, deadline=deadline)
+            queued = await submit(serving, caller, model, rows, attention=attention, deadline=deadline)
         else:
             if tensor.datatype != "FP32" or list(tensor.shape[1:]) != list(classifier.input_shape):
                 raise InvalidField(f"input 'pixels' is FP32 [N, {', '.join(map(str, classifier.input_shape))}]")
@@ -143,8 +143,8 @@ async def _classify(
             if not np.isfinite(rows).all():
                 raise InvalidField("input 'pixels' holds NaN or infinite values")
             pixels = classifier.preprocessing.denormalize(rows) if attention else rows
-            future = batcher.submit(rows, attention=attention, prepared=True, deadline=deadline)
-    ranked = await caller.wait(future, future.cancel)
+            queued = await submit(serving, caller, model, rows, attention=attention, prepared=True, deadline=deadline)
+    ranked = await ranking(caller, queued)
     outputs: list[Output] = []
     for name in _wanted(req, ["probabilities", *(["attention_id"] if attention else [])]):
         if name == "attention_id":

@@ -1,7 +1,7 @@
 """Retries, on scripted transports (``httpx.MockTransport``), for both clients.
 
-What a user relies on: a call survives a dropped connection, a timeout or a full queue (429/503)
-within ``max_retries``, waits as long as the service's ``Retry-After`` asks (never less), backs off
+What a user relies on: a call survives a dropped connection, a timeout, a full queue (429/503) or a
+load balancer's 502/504 within ``max_retries``, waits as long as the service's ``Retry-After`` asks (never less), backs off
 exponentially otherwise, and never repeats a request the service refused for a reason retrying
 cannot fix.
 """
@@ -17,6 +17,7 @@ from attnserve_client import (
     APIConnectionError,
     APITimeoutError,
     BadRequestError,
+    DeadlineExceededError,
     InternalServerError,
     InvalidFieldError,
     NotFoundError,
@@ -40,8 +41,11 @@ HEALTHY = httpx.Response(200, json={"status": "ok"})
         error(503, "model_not_ready", **{"Retry-After": "1"}),
         error(503, "shutting_down"),
         httpx.Response(429, text="slow down"),
+        error(502, "internal_error", "the replica closed the connection without an answer"),
+        httpx.Response(502, text="<html>502 Bad Gateway</html>"),
+        error(504, "internal_error", "the replica did not answer in time"),
     ],
-    ids=["refused", "timeout", "dropped", "overloaded", "not ready", "shutting down", "429"],
+    ids=["refused", "timeout", "dropped", "overloaded", "not ready", "shutting down", "429", "502", "502 html", "504"],
 )
 def test_transient_failures_are_retried_until_an_answer(make_client, failure):
     script = Script(failure, failure, HEALTHY)
@@ -79,6 +83,7 @@ def test_retries_are_bounded_by_max_retries(make_client, failure, raised):
         (422, "invalid_field", InvalidFieldError),
         (500, "inference_failed", InternalServerError),
         (500, "internal_error", InternalServerError),
+        (504, "deadline_exceeded", DeadlineExceededError),
     ],
 )
 def test_refusals_are_never_retried(make_client, status, code, raised):

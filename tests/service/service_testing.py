@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -172,3 +173,48 @@ class ThreadServer(Server):
     def __exit__(self, *exc) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
+
+
+class RedisServer:
+    """``redis-server`` (Debian's package, installed by ``make system-deps``) on a loopback port."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.exe = shutil.which("redis-server")
+        assert self.exe, "redis-server is not installed: run `make system-deps`"
+        self.port, self.workdir, self.proc = free_port(), workdir, None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--maxmemory",
+            "64mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ]
+        self.proc = subprocess.Popen([self.exe, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(self._accepts, timeout=20, what=f"redis-server on port {self.port}")
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)

@@ -82,6 +82,9 @@ EXPORTED = {
     "attnserve_attention_store_failures": ("counter", {"operation"}),
     "attnserve_http_connections": ("gauge", set()),
     "attnserve_http_connections_closed": ("counter", {"reason"}),
+    "attnserve_response_cache_lookups": ("counter", {"operation", "result"}),
+    "attnserve_response_cache_failures": ("counter", {"call"}),
+    "attnserve_response_cache_oversized": ("counter", {"operation"}),
 }
 
 
@@ -109,6 +112,10 @@ def touch_everything(m: Metrics) -> None:
     connections = m.for_connections()
     connections.open(3)
     connections.closed("evicted")
+    cache = m.for_response_cache()
+    cache.looked_up("translate", "hit", 3)
+    cache.failed("set")
+    cache.oversized("classify", 1)
     m.provider.labels("vit", "1", "CPUExecutionProvider").set(1)  # as the registry marks a model ready
     m.ready.labels("vit", "1").set(1)
     m.load_failures.labels("vit", "3").inc()  # as the lifecycle counts a version that failed to load

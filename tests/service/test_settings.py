@@ -62,6 +62,9 @@ def test_reads_the_environment(monkeypatch):
         ({"max_queue_delay_ms": -1}, "max_queue_delay_ms"),
         ({"graph_optimization_level": "turbo"}, "graph_optimization_level"),
         ({"unknown_knob": 1}, "unknown_knob"),
+        ({"response_cache": True}, "response_cache is shared through Redis: set redis_url"),
+        ({"response_cache_ttl_s": 0}, "response_cache_ttl_s"),
+        ({"response_cache_scope": "tenant"}, "response_cache_scope"),
     ],
 )
 def test_refuses_unsafe_or_contradictory_values(overrides, complaint):
@@ -140,6 +143,16 @@ def test_a_conflict_names_the_variables_of_both_settings():
     )
 
 
+def test_the_response_cache_takes_the_redis_url_given_in_the_environment(monkeypatch):
+    monkeypatch.setenv("ATTNSERVE_RESPONSE_CACHE", "true")
+    with pytest.raises(ValidationError, match="set redis_url"):
+        Settings()
+    monkeypatch.setenv("ATTNSERVE_REDIS_URL", "redis://redis:6379/0")
+    settings = Settings()
+    assert settings.response_cache and settings.redis_url == "redis://redis:6379/0"
+    assert (settings.response_cache_ttl_s, settings.response_cache_scope) == (86_400, "shared")
+
+
 def run_service(env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "service"],
@@ -201,6 +214,13 @@ def run_service(env: dict[str, str]) -> subprocess.CompletedProcess:
             [],
             [],
             id="contradiction",
+        ),
+        pytest.param(
+            {"ATTNSERVE_RESPONSE_CACHE": "true"},
+            ["ATTNSERVE_RESPONSE_CACHE is shared through Redis: set ATTNSERVE_REDIS_URL"],
+            [],
+            [],
+            id="cache-without-redis",
         ),
         pytest.param(
             {"ATTNSERVE_PORT": "eighty", "ATTNSERVE_API_KEY_HASHES": "s3cret-key"},

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.core import classify as classification
+from service.core.response_cache import CacheReport
 from service.core.serving import Serving
 from service.errors import ImageTooLarge, InvalidBase64, InvalidField, InvalidMultipart, UnsupportedMediaType
 from service.http.common import JSON_TYPE, dump_json, http_caller, parse_json_body
@@ -33,11 +34,12 @@ FORM_OPTION_FIELDS = ("top_k", "model", "return_attention", "rollout_fusion")
 async def classify(request: Request, serving: Serving) -> Response:
     """Top-k labels with softmax scores for each image, in request order."""
     deadline = request_deadline(request, serving.settings)
+    caller, report = http_caller(request), CacheReport()
     with serving.registry.intake.receiving():
         images, options = await _read_request(request, serving.settings)
-        queued = await classification.queue(serving, images, options, deadline)
-    body = await classification.answer(serving, http_caller(request), queued, options)
-    return Response(dump_json(body), media_type=JSON_TYPE)
+        queued = await classification.queue(serving, caller, images, options, deadline, report)
+    body = await classification.answer(serving, caller, queued, options)
+    return Response(dump_json(body), media_type=JSON_TYPE, headers=report.headers())
 
 
 async def _read_request(request: Request, settings: Settings) -> tuple[list[bytes], ClassifyOptions]:

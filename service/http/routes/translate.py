@@ -20,6 +20,7 @@ from starlette.types import Scope
 
 from contract.translation_text import labels, render
 from service.core.caller import KeyedStore
+from service.core.response_cache import CacheReport
 from service.core.serving import Serving
 from service.core.translate import answer, decode_jobs, translate_texts
 from service.engine.scheduler import Ticket
@@ -39,17 +40,20 @@ async def translate(request: Request, serving: Serving) -> Response:
     deadline = request_deadline(request, serving.settings)
     body = await _read_body(request, serving.settings)
     served = serving.registry.get(body.model, TASK)
-    if body.stream:
+    report = CacheReport()
+    if body.stream:  # tokens as they are decoded: never from the cache
+        if serving.responses is not None:
+            report.bypassed()
         translator, scheduler, (job,) = decode_jobs(served, serving.settings, body)
         tickets = scheduler.submit(job.requests, stream=True, deadline=deadline)
         store = attention_store(request, serving.attention) if body.return_attention else None
         return StreamingResponse(
             _events(job, tickets, translator, body.num_return_sequences > 1, store, request.scope),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **report.headers()},
         )
-    result = await translate_texts(http_caller(request), serving, served, body, deadline)
-    return Response(json.dumps(result, ensure_ascii=False).encode(), media_type=JSON_TYPE)
+    result = await translate_texts(http_caller(request), serving, served, body, deadline, report)
+    return Response(json.dumps(result, ensure_ascii=False).encode(), media_type=JSON_TYPE, headers=report.headers())
 
 
 async def _read_body(request: Request, settings: Settings) -> TranslateRequest:
