@@ -47,6 +47,17 @@ TIMEOUT_HEADER = {
     "`ATTNSERVE_REQUEST_TIMEOUT_S`; at most `ATTNSERVE_MAX_REQUEST_TIMEOUT_S`. Past it: 504 `deadline_exceeded`.",
     "schema": {"type": "string", "pattern": TIMEOUT_PATTERN},
 }
+CACHE_HEADERS = {  # the response cache's report (service/core/response_cache.py CacheReport), with the cache on
+    "X-Cache": {
+        "description": "With `ATTNSERVE_RESPONSE_CACHE` on: `hit` (every text or image from the cache), `miss` "
+        "(none), `partial`, `bypass` (attention asked for: never cached) or `error` (Redis failed: computed).",
+        "schema": {"type": "string", "enum": ["hit", "miss", "partial", "bypass", "error"]},
+    },
+    "X-Cache-Hits": {
+        "description": "With `hit`, `miss` or `partial`: texts or images answered from the cache, of all, as `n/N`.",
+        "schema": {"type": "string", "pattern": "^[0-9]+/[0-9]+$"},
+    },
+}
 RESPONSE_HEADERS = {
     401: {"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
     503: {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "string"}}},
@@ -167,6 +178,8 @@ def _errors(route: Route, guarded: bool) -> dict[int, str]:
 def _responses(route: Route, refs: dict, guarded: bool) -> dict[str, Any]:
     content = _content(route.response, refs, "serialization") if route.response is not None else {JSON: {}}
     out: dict[str, Any] = {"200": {"description": "Successful answer.", "content": content}}
+    if route.headers:
+        out["200"]["headers"] = route.headers
     error = {JSON: {"schema": refs[(route.error_model, "serialization")]}}
     for status, description in sorted(_errors(route, guarded).items()):
         out[str(status)] = {"description": description, "content": error}

@@ -52,7 +52,8 @@ class Route:
     ``errors``: status -> description of the error answers it gives (``error_model`` bodies), besides
     those every route of its kind gives (``service/http/openapi.py`` adds them: 401 with keys on,
     408 and 413 with a body, 400 and 504 with a deadline);
-    ``deadline``: the handler queues work under the request's deadline (``X-Request-Timeout``).
+    ``deadline``: the handler queues work under the request's deadline (``X-Request-Timeout``);
+    ``headers``: OpenAPI headers of the 200 answer (name -> header object).
     """
 
     method: str
@@ -70,6 +71,7 @@ class Route:
     documented: bool = True
     access: str = "key"  # "key": needs an API key when keys are set; "open": never; "metrics": as /metrics is set
     deadline: bool = False
+    headers: dict[str, dict] = field(default_factory=dict)
 
     @property
     def methods(self) -> tuple[str, ...]:

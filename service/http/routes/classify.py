@@ -23,6 +23,7 @@ from service.core.serving import Serving
 from service.errors import ImageTooLarge, InvalidBase64, InvalidField, InvalidMultipart, UnsupportedMediaType
 from service.http.common import JSON_TYPE, dump_json, http_caller, parse_json_body
 from service.http.deadlines import request_deadline
+from service.http.openapi import CACHE_HEADERS
 from service.http.router import Route
 from service.schemas import ClassifyJSONRequest, ClassifyOptions, ClassifyResponse, bounded_by, validated
 from service.settings import Settings
@@ -152,6 +153,7 @@ ROUTES = [
         },
         response=ClassifyResponse,
         deadline=True,
+        headers=CACHE_HEADERS,
         errors={
             400: "Undecodable image, invalid base64, JSON or multipart body, invalid `X-Request-Timeout`.",
             404: "Unknown model.",

@@ -28,7 +28,7 @@ from service.errors import DeadlineExceeded, InvalidField, ServiceError, Unsuppo
 from service.http.common import JSON_TYPE, attention_store, http_caller, parse_json_body
 from service.http.deadlines import count_exceeded, request_deadline
 from service.http.errors import error_body
-from service.http.openapi import REF
+from service.http.openapi import CACHE_HEADERS, REF
 from service.http.router import Route
 from service.schemas import TranslateRequest, TranslateResponse
 from service.settings import Settings
@@ -149,6 +149,7 @@ ROUTES = [
             "text/event-stream": {"schema": _EVENT},
         },
         deadline=True,
+        headers=CACHE_HEADERS,
         errors={
             400: "Invalid JSON, or an invalid `X-Request-Timeout`.",
             404: "Unknown model, or not a translation model.",
