@@ -152,6 +152,8 @@ def test_the_service_openapi_document_is_valid_and_documents_every_declared_rout
     params = {p["name"]: p for p in doc["paths"]["/attention/{attention_id}"]["get"]["parameters"]}
     assert params["attention_id"]["in"] == "path" and params["layer"]["in"] == "query"
     assert set(params) == {"attention_id", "kind", "layer", "head", "fusion", "format"}
+    for path in ("/translate", "/classify"):  # the response cache's report on the answers it can come from
+        assert set(doc["paths"][path]["post"]["responses"]["200"]["headers"]) == {"X-Cache", "X-Cache-Hits"}
 
 
 def test_the_document_states_the_running_service_limits_headers_keys_and_error_bodies():
