@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.service.service_testing import BASE_ENV, SubprocessServer, ThreadServer, png_bytes, start_subprocess_server
+from tests.service.service_testing import (
+    BASE_ENV,
+    RedisServer,
+    SubprocessServer,
+    ThreadServer,
+    png_bytes,
+    start_subprocess_server,
+)
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +91,12 @@ def corrupted_repository(tiny_vit_repository, tmp_path) -> Path:
     data[len(data) // 2] ^= 0xFF
     graph.write_bytes(bytes(data))
     return repo
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    """A real redis-server of this module's own (the shared attention store, the response cache)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()

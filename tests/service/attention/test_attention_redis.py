@@ -11,15 +11,7 @@ import base64
 import httpx
 import pytest
 
-from tests.service.service_testing import RedisServer, start_subprocess_server
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+from tests.service.service_testing import start_subprocess_server
 
 
 @pytest.fixture(scope="module")

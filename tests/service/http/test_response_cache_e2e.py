@@ -19,20 +19,12 @@ import pytest
 import redis as redis_client
 
 from tests.conftest import ROOT
-from tests.service.service_testing import RedisServer, free_port, metric_value, start_subprocess_server
+from tests.service.service_testing import free_port, metric_value, start_subprocess_server
 
 SHIPPED = ROOT / "models"
 SAMPLES = sorted((SHIPPED / "vit" / "1").glob("sample-*.png"))
 KEY_A, KEY_B = "cache-key-a", "cache-key-b"
 GREEDY = {"beam_size": 1}  # options every test may change; greedy keeps the tests quick
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
