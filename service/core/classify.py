@@ -46,6 +46,7 @@ class Queued:
     future: asyncio.Future | None
     cached: list[np.ndarray | None] | None = None  # with the cache: each image's probabilities, if it held them
     keys: list[str] | None = None  # with the cache: each image's key
+    missing: list[int] | None = None  # with the cache: the images it did not hold, those ``future`` ranks
     cache: ResponseCache | None = None  # where the computed ones go (None: nowhere)
 
 
@@ -102,7 +103,7 @@ async def submit(
     if missing:
         todo = rows if len(missing) == len(rows) else rows[missing]
         future = batcher.submit(todo, attention=False, prepared=prepared, deadline=deadline)
-    return Queued(classifier, rows, future, cached, keys, cache if found is not None else None)
+    return Queued(classifier, rows, future, cached, keys, missing, cache if found is not None else None)
 
 
 async def ranking(caller: Caller, queued: Queued) -> Ranked:
@@ -112,11 +113,10 @@ async def ranking(caller: Caller, queued: Queued) -> Ranked:
     if queued.future is not None:
         future = queued.future
         computed = await caller.wait(future, future.cancel)
-    if queued.keys is None or queued.cached is None:
+    if queued.keys is None or queued.cached is None or queued.missing is None:
         assert computed is not None
         return computed
-    keys, cached = queued.keys, queued.cached
-    missing = [i for i, c in enumerate(cached) if c is None]
+    keys, cached, missing = queued.keys, queued.cached, queued.missing
     if computed is not None and queued.cache is not None:
         entries = {keys[i]: encode_probabilities(p) for i, p in zip(missing, computed.probabilities)}
         await queued.cache.put_many("classify", entries)

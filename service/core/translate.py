@@ -34,9 +34,9 @@ from service.translator import Job, Limits, Translator
 
 def decode_jobs(
     served: ServedModel, settings: Settings, body: TranslateRequest
-) -> tuple[Translator, Scheduler, list[Job]]:
-    """The model's translator and scheduler, and one job per text (a decoding request per sentence), every
-    option checked."""
+) -> tuple[Translator, Scheduler, list[Job], TranslationOptions]:
+    """The model's translator and scheduler, one job per text (a decoding request per sentence), every
+    option checked, and the options as resolved (the response cache's key)."""
     translator, scheduler = served.translator, served.scheduler
     if translator is None or scheduler is None:  # READY translation models always have both
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
@@ -54,7 +54,7 @@ def decode_jobs(
             settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
         ),
     )
-    return translator, scheduler, jobs
+    return translator, scheduler, jobs, options
 
 
 def resolved_options(translator: Translator, settings: Settings, body: TranslateRequest) -> TranslationOptions:
@@ -83,16 +83,14 @@ async def translate_texts(
     """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed
     request. With the response cache on, the texts it holds are answered from it and only the others
     decoded (``report`` says how many came from it)."""
-    translator, scheduler, jobs = decode_jobs(served, serving.settings, body)
+    translator, scheduler, jobs, options = decode_jobs(served, serving.settings, body)
     cache = serving.responses
     if cache is None or body.return_attention:  # attention ids are the caller's: never from the cache
         if report is not None and cache is not None:
             report.bypassed()
         return await _decode(caller, serving, translator, scheduler, jobs, body, deadline)
     texts = body.all_texts
-    keys = cache.keys(
-        "translate", ModelIdentity.of(served), resolved_options(translator, serving.settings, body), caller.key_id
-    )
+    keys = cache.keys("translate", ModelIdentity.of(served), options, caller.key_id)
     names = [keys.text(t) for t in texts]
     found = await cache.get_many("translate", names, decode_translation)
     if report is not None:

@@ -44,7 +44,7 @@ async def translate(request: Request, serving: Serving) -> Response:
     if body.stream:  # tokens as they are decoded: never from the cache
         if serving.responses is not None:
             report.bypassed()
-        translator, scheduler, (job,) = decode_jobs(served, serving.settings, body)
+        translator, scheduler, (job,), _ = decode_jobs(served, serving.settings, body)
         tickets = scheduler.submit(job.requests, stream=True, deadline=deadline)
         store = attention_store(request, serving.attention) if body.return_attention else None
         return StreamingResponse(
