@@ -41,9 +41,11 @@ def open_files():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = HALF_OPEN + 1000
     if soft < needed:
-        if hard != resource.RLIM_INFINITY and hard < needed:
-            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {needed}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        raised = hard if hard == resource.RLIM_INFINITY else max(hard, needed)
+        try:  # raising the hard limit needs root (CAP_SYS_RESOURCE), as CI runs
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, raised))
+        except (ValueError, OSError):
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {needed}, and this user may not raise it")
     yield
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
