@@ -1,9 +1,9 @@
-"""int8 variants of exported entries: onnxruntime dynamic quantisation of the MatMul/Gemm weights.
+"""int8 variants of exported entries: every product by a constant matrix in int8 (:mod:`export.int8_rows`).
 
 ``python -m export.quantize --entry models/translator/3 [--data data/translation]`` (or a ViT entry,
 with ``--data`` the Fashion-MNIST folder) writes ``models/translator/3/int8/``: every graph of the fp32
-entry quantised (weights int8, activations quantised per batch at run time, so the key/value cache
-stays fp32), its quality measured on the same test split as fp32 in the same run, and its agreement
+entry quantised (weights int8 per output column, activations int8 per row at run time, so an answer
+does not depend on its batch-mates; attention and the key/value cache stay fp32), its quality measured on the same test split as fp32 in the same run, and its agreement
 with fp32. The service serves it in the version's place on the CPU (``ATTNSERVE_PRECISION``,
 ``contract/precision.py``); ``--name`` writes it as an entry of its own instead, ``<name>/<version>``,
 to serve both side by side. A variant that loses more than ``MAX_BLEU_LOSS`` BLEU (beam search) or
@@ -19,18 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from contract.decoding import DecoderSpec, session_fn
 from contract.manifest import IMAGE_CLASSIFICATION, TRANSLATION, Manifest, load_entry, read_manifest
 from contract.precision import BATCH_INVARIANCE, INT8, MAX_ACCURACY_LOSS, MAX_BLEU_LOSS, variant_folder
 from contract.tokenizer import Tokenizer
 from export.common import StagedEntry, cpu_session, max_abs_diff, now_iso
+from export.int8_rows import METHOD, quantize_graph
 from export.shared_weights import WEIGHTS, record_weights, share_weights
 from model.cli import CliError, run_cli
 
 INPUT, LOGITS = "pixel_values", "logits"
-METHOD = "onnxruntime dynamic quantisation (MatMul/Gemm weights int8, activations per batch)"
 
 
 INVARIANCE_SAMPLE = 500  # test sentences (images) decoded alone and in batches
@@ -44,12 +43,7 @@ class VariantRefused(CliError):
 def quantize_graphs(fp32_entry: Path, manifest: dict, out: Path) -> None:
     graphs = list(dict.fromkeys(g["file"] for g in manifest["graphs"].values()))
     for graph in graphs:
-        quantize_dynamic(
-            str(fp32_entry / graph),
-            str(out / graph),
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul", "Gemm"],
-        )
+        quantize_graph(fp32_entry / graph, out / graph)
     if len(graphs) > 1:  # as in the fp32 entry: a parameter several graphs hold is stored once
         share_weights(out, graphs)
     for file in manifest["files"]:  # tokenizer, samples: copied as they are
