@@ -31,9 +31,11 @@ LibreTranslate's beam is argos-translate's ``ARGOS_BEAM_SIZE`` (default 4; Libre
 such parameter), so each beam has LibreTranslate processes of its own. Its settings for a load are
 ``ARGOS_INTER_THREADS`` translators side by side, ``ARGOS_INTRA_THREADS`` threads each and waitress'
 ``--threads``; ``--lt-settings`` lists the candidates as INTERxINTRAxTHREADS, and each load keeps the
-fastest. ``--precision int8`` compares int8 with int8: our int8 variant (``make int8`` writes
-the version's ``int8/`` folder; without it one is quantised here as ``export.quantize`` does) against CTranslate2's
-int8 ``compute_type`` on the same package.
+fastest. ``--precision`` sets both sides' precision. The default, int8, is what each serves by default:
+our version's int8 variant (``ATTNSERVE_PRECISION=auto`` serves the shipped ``translator/3/int8``; for an
+entry without one, one is quantised here as ``export.quantize`` does) against CTranslate2's int8
+``compute_type`` (argos-translate's default on a CPU) on the same package; ``fp32`` compares the fp32
+entry with CTranslate2's float32.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_libretranslate", description=__doc__.splitlines()[0])
     p.add_argument("--repository", type=Path, default=ROOT / "models")
     p.add_argument("--name", default="translator")
-    p.add_argument("--precision", choices=sorted(COMPUTE_TYPES), default="fp32")
+    p.add_argument("--precision", choices=sorted(COMPUTE_TYPES), default="int8")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=int, default=8, help="seconds of each wrk run (whole seconds)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])

@@ -11,6 +11,9 @@ through the same service, which shows how the batcher's instances and the decodi
 It prints, for each load, the median requests/s and p99 of each version over the rounds, the ratio
 of the medians (this checkout / the revision) and the lowest and highest ratio of a single round;
 the A/A run (``--base HEAD`` on a clean checkout) shows how far apart two identical versions land.
+With ``--base-models`` the revision serves the models it shipped (its own ``models/``) instead of
+``--repository``: a change to the shipped models, or to which of them the defaults serve, is measured
+against what a user of the revision got.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--wrk-threads", type=int, default=1)
     p.add_argument("--skip-translate", action="store_true")
     p.add_argument("--only", help="run only the loads whose name contains this text (e.g. translate)")
+    p.add_argument("--base-models", action="store_true", help="the revision serves its own models/, not --repository")
     return p.parse_args(argv)
 
 
@@ -129,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no load matches --only {args.only!r}")
     model, _, _ = pick_model(args.repository, None)
     with worktree(args.base) as base_tree:
+        base_models = base_tree / "models" if args.base_models else args.repository
         settings = {"log_format": "json", "access_log": "false", "max_queue_images": 1024}
         services = {
-            "base": Service("base", args.repository.resolve(), model, workdir, root=base_tree, **settings),
+            "base": Service("base", base_models.resolve(), model, workdir, root=base_tree, **settings),
             "head": Service("head", args.repository.resolve(), model, workdir, **settings),
         }
         try:

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.classifier import Classifier
 from service.errors import ModelNotFound, ModelNotReady, ShuttingDown
 from service.metrics import Metrics
+from service.precision import choose
 from service.registry import SERVED_TASKS, Registry, Status
 from service.runtime import decoding_lanes
 from service.settings import Settings
@@ -266,7 +267,7 @@ def test_describe_gives_what_a_client_needs_for_each_model():
             return {name: m.describe() for name, m in registry.models.items()}
 
     described = run(body())
-    vit_manifest, translator_manifest = manifest_of(VIT), manifest_of(TRANSLATOR)
+    vit_manifest, int8_manifest = manifest_of(VIT), manifest_of(TRANSLATOR / "int8")
     assert described["vit"] == {
         "name": "vit",
         "version": "1",
@@ -291,12 +292,12 @@ def test_describe_gives_what_a_client_needs_for_each_model():
         "status": "ready",
         "reason": None,
         "provider": CPU,
-        "created_at": translator_manifest["created_at"],
+        "created_at": int8_manifest["created_at"],
         "labels": None,
-        "evaluation": translator_manifest["evaluation"],
-        "precision": "fp32",
-        "variant_of": None,
-        "precision_reason": "no int8 variant",
+        "evaluation": int8_manifest["evaluation"],
+        "precision": "int8",  # the shipped version's int8 variant passes both of auto's tests
+        "variant_of": f"translator/{TRANSLATOR.name}",
+        "precision_reason": choose(TRANSLATOR, "auto", on_cpu=True)[2],
         "languages": {"source": "en", "target": "de"},
         "decoding": {"default_beam_size": 1, "default_length_penalty": 1.0},  # the manifest's 4, capped by SMALL
         "attention": {"encoder_layers": 5, "decoder_layers": 2, "heads": 4},
