@@ -205,7 +205,7 @@ def translator_evaluation(fp32_entry: Path, int8_dir: Path, m: Manifest, data: P
     same = sum(a == b for a, b in zip(greedy["fp32"], greedy["int8"]))
     return {
         **runs["int8"],
-        "fp32": {k: runs["fp32"][k] for k in ("greedy", best)},
+        "fp32": {k: runs["fp32"][k] for k in ("greedy", best, "domains") if k in runs["fp32"]},
         "vs_fp32": {"identical_greedy": same / len(pairs), "identical_greedy_sentences": same, "sentences": len(pairs)},
         BATCH_INVARIANCE: {"sentences": len(sources), "batch": INVARIANCE_BATCH, **same_alone},
     }
