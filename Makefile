@@ -96,9 +96,10 @@ export-translator: install-dev  ## export the trained translator into $(MODELS)/
 import-hf: $(VENV)/.export  ## import a transformers checkpoint folder: make import-hf MODEL_DIR=... NAME=... (docs/import.md)
 	$(BIN)/python -m export.huggingface --model-dir $(MODEL_DIR) --name $(NAME) --repository $(MODELS) $(ARGS)
 
-int8: install-dev data  ## int8 variants of the shipped versions in their int8/ folders, with their measured quality (translator: make corpus first)
+int8: install-dev data  ## int8 variants of the shipped versions in their int8/ folders, with their measured quality (translator: make corpus first; make heldout for its held-out score)
 	$(BIN)/python -m export.quantize --entry $(MODELS)/vit/1 --force
 	$(BIN)/python -m export.quantize --entry $(MODELS)/translator/3 --data data/translation --force
+	if [ -f data/translation-heldout/test.tsv ]; then $(BIN)/python -m export.evaluate --entry $(MODELS)/translator/3/int8 --data data/translation-heldout --record heldout --no-progress; fi
 
 models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 
