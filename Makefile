@@ -99,7 +99,7 @@ import-hf: $(VENV)/.export  ## import a transformers checkpoint folder: make imp
 int8: install-dev data  ## int8 variants of the shipped versions in their int8/ folders, with their measured quality (translator: make corpus first; make heldout for its held-out score)
 	$(BIN)/python -m export.quantize --entry $(MODELS)/vit/1 --force
 	$(BIN)/python -m export.quantize --entry $(MODELS)/translator/3 --data data/translation --force
-	if [ -f data/translation-heldout/test.tsv ]; then $(BIN)/python -m export.evaluate --entry $(MODELS)/translator/3/int8 --data data/translation-heldout --record heldout --no-progress; fi
+	[ ! -f data/translation-heldout/test.tsv ] || $(BIN)/python -m export.evaluate --entry $(MODELS)/translator/3/int8 --data data/translation-heldout --record heldout --no-progress
 
 models: train export corpus train-translator export-translator  ## rebuild the shipped model repository from scratch
 
