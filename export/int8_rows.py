@@ -1,7 +1,7 @@
 """int8 products quantised row by row, as CTranslate2 quantises them: a graph rewrite.
 
-Every ``MatMul`` (and ``Gemm`` with a transposed weight, a tied output projection) whose weight is a
-constant 2-D matrix becomes an integer product: the weight quantised once to int8 with a scale per
+Every ``MatMul`` (and ``Gemm`` with a transposed weight, or ``MatMul`` by a ``Transpose`` of one: a tied
+output projection) whose weight is a constant 2-D matrix becomes an integer product: the weight quantised once to int8 with a scale per
 output column, the activations at run time with a scale **per row** (each row's largest magnitude
 maps to 127). A row's answer depends on that row alone, so a sentence decodes to the same tokens
 alone or in any batch, which onnxruntime's dynamic quantisation (one scale for the whole activation
@@ -12,7 +12,8 @@ on its own.
 
 For an activation ``x`` (…, K) and a weight ``W`` (K, N) the rewrite computes
 ``s = max(|x|, axis=-1) / 127``, ``q = round(x / s) + 128`` (uint8, saturating),
-``y = (MatMulInteger(q, Wq, 128) as float) * Ws * s``. An activation several products read (a layer's
+``y = MatMulIntegerToFloat(q, Wq, 1, Ws, 128) * s`` (onnxruntime's contrib op: the integer product
+with the column scales applied in its kernel). An activation several products read (a layer's
 query, key and value projections) is quantised once. Weights keep their names with ``.int8`` and
 ``.int8_scale`` added, so graphs that shared a parameter share its quantised form
 (:mod:`export.shared_weights`).
