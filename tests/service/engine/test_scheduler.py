@@ -165,6 +165,46 @@ def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeyp
     assert len(hops) == -(-40 // module.MAX_STEPS_PER_HOP)
 
 
+class SlowTranslator(BigramTranslator):
+    """Decoder steps that take ``seconds`` each, counting the rows of every step."""
+
+    def __init__(self, seconds: float = 0.005) -> None:
+        super().__init__()
+        self.seconds, self.step_rows = seconds, []
+
+    def decoder(self, feeds):
+        time.sleep(self.seconds)
+        self.step_rows.append(len(feeds["tokens"]))
+        return super().decoder(feeds)
+
+
+def test_a_finished_request_is_answered_while_the_batch_decodes_on_and_joiners_wait_join_every_steps(monkeypatch):
+    from service.engine import scheduler as module
+
+    translator, hops = SlowTranslator(), []
+
+    async def body(sched):
+        real = sched._steps
+        sched._steps = lambda lane, batch, streaming: hops.append(1) or real(lane, batch, streaming)
+        short, long = sched.submit([DecodeRequest([A, EOS], 10), DecodeRequest([B, EOS], 40)])  # 2 and 40 steps
+        await short.future
+        answered = len(hops), long.future.done(), len(translator.step_rows)
+        late = sched.submit([DecodeRequest([A, EOS], 10)])[0]  # 2 steps once it joins
+        await late.future
+        await long.future
+        return answered, len(hops)
+
+    monkeypatch.setattr(module, "MAX_HOP_SECONDS", 60.0)
+    (hops_then, long_done, steps_then), hops_total = run(with_scheduler(body, translator))
+    assert hops_then == 1 and not long_done  # answered from inside the first hop, which went on
+    assert translator.step_rows[:2] == [2, 2] and translator.step_rows[2] == 1
+    # the late request (submitted after step `steps_then`) joined once the hop had run JOIN_EVERY steps
+    joined = translator.step_rows.index(2, 2)
+    assert module.JOIN_EVERY <= joined <= max(module.JOIN_EVERY, steps_then + 2)
+    assert translator.step_rows.count(2) == 4 and len(translator.step_rows) == 40
+    assert hops_total <= 4
+
+
 class GatedTranslator(BigramTranslator):
     """Records each encoded batch's first source tokens; its decoder steps wait while the gate is shut."""
 
