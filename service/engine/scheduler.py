@@ -323,7 +323,7 @@ class Scheduler:
         self, lane: Lane, batch: DecodeBatch, streaming: bool
     ) -> tuple[list[DecodeRequest], DecodeBatch, list[tuple[int, float, int, float]]]:
         """Decoder steps on the worker thread until the event loop has something to do: requests wait to
-        join, the batch ran dry, a stream has a token to send (or its first), or ``MAX_STEPS_PER_HOP`` /
+        join (once the hop has run ``JOIN_EVERY`` steps), the batch ran dry, a stream has a token to send (or its first), or ``MAX_STEPS_PER_HOP`` /
         ``MAX_HOP_SECONDS`` ran out. One thread hop per such event instead of one per step: at batch 1 a hop
         costs a good part of a step. Requests that finish while others go on are handed to the event loop at
         once (``_settle``) and the steps go on: the batch does not wait for the loop to answer them. Returns
