@@ -5,8 +5,8 @@ asyncio task that owns a running :class:`~contract.decoding.DecodeBatch` and a t
 Every ``JOIN_EVERY`` decoder steps (at once when it has none running) a lane admits waiting requests
 while its batch has rows free (their encodings are computed together and concatenated onto the batch),
 and a request that finishes is answered at once while the others decode on; so a short sentence never
-waits for a long one, and a new one starts within a few steps instead of after the whole batch. Encoder and decoder runs happen on the lanes' threads, never on
-the event loop. A beam-search request takes ``beam`` rows. Lanes share the model's sessions
+waits for a long one, and a new one starts within a few steps instead of after the whole batch.
+Encoder and decoder runs happen on the lanes' threads, never on the event loop. A beam-search request takes ``beam`` rows. Lanes share the model's sessions
 (onnxruntime runs a session from several threads at once), so with one intra-op thread each, two
 lanes decode on two cores with one copy of the weights. A submission (all the sentences of one HTTP
 request) goes whole to the lane with the fewest rows running and waiting, so a text's sentences are
@@ -323,8 +323,8 @@ class Scheduler:
         self, lane: Lane, batch: DecodeBatch, streaming: bool
     ) -> tuple[list[DecodeRequest], DecodeBatch, list[tuple[int, float, int, float]]]:
         """Decoder steps on the worker thread until the event loop has something to do: requests wait to
-        join (once the hop has run ``JOIN_EVERY`` steps), the batch ran dry, a stream has a token to send (or its first), or ``MAX_STEPS_PER_HOP`` /
-        ``MAX_HOP_SECONDS`` ran out. One thread hop per such event instead of one per step: at batch 1 a hop
+        join (once the hop has run ``JOIN_EVERY`` steps), the batch ran dry, a stream has a token to send
+        (or its first), or ``MAX_STEPS_PER_HOP`` / ``MAX_HOP_SECONDS`` ran out. One thread hop per such event instead of one per step: at batch 1 a hop
         costs a good part of a step. Requests that finish while others go on are handed to the event loop at
         once (``_settle``) and the steps go on: the batch does not wait for the loop to answer them. Returns
         (the last step's finished requests, the batch, (rows, seconds, tokens, end time) of the steps not
@@ -415,8 +415,6 @@ class Scheduler:
                 )
             self._stream(ticket, now, finished=True)
             self._resolve(ticket)
-        if finished:
-            self._observer.occupancy(self.running_rows, self.waiting_rows)
 
     def _stream(self, ticket: Ticket, now: float, finished: bool) -> None:
         """Greedy streams get every new token; the first token's time is kept for the metrics."""
