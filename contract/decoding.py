@@ -370,19 +370,23 @@ def top_candidates(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     ``k`` argmax passes, each best found set to -inf in ``log_probs`` itself and put back at the end (a
     copy of 64 rows of 8,000 cost a third of the search): for the k <= 16 beam search needs, 10x to 15x
     faster than ``np.argpartition`` over the vocabulary (measured: 0.3 ms against 4 ms for 64 rows of 8,000).
+    The bests are read and written through flat indices (0.30 against 0.53 ms for 64 rows, k = 5, than
+    indexing by (row, id) pairs).
     """
-    x = log_probs
-    n = len(x)
-    rows = np.arange(n)
+    x = log_probs if log_probs.flags.c_contiguous else np.ascontiguousarray(log_probs)
+    n, vocabulary = x.shape
+    flat = x.reshape(-1)  # a view of x
+    starts = np.arange(0, n * vocabulary, vocabulary)
     ids = np.empty((n, k), dtype=np.int64)
     values = np.empty((n, k), dtype=x.dtype)
     for j in range(k):
         best = x.argmax(axis=1)
         ids[:, j] = best
-        values[:, j] = x[rows, best]
-        x[rows, best] = -np.inf
+        at = starts + best
+        values[:, j] = flat[at]
+        flat[at] = -np.inf
     for j in reversed(range(k)):  # a row with fewer than k finite values found one id more than once: first wins
-        x[rows, ids[:, j]] = values[:, j]
+        flat[starts + ids[:, j]] = values[:, j]
     return ids, values
 
 
@@ -391,19 +395,21 @@ def _select(
 ) -> list[list[tuple[int, int]]]:
     """Advance requests of one beam width by a step: per request, (row within it, next token) for each surviving beam.
 
-    ``ids``/``values`` (R, beam, k >= 2 beam): each row's best candidates (``top_candidates``); the best
-    2 beam continuations of a request are among them. The ranking and the tests on it (finite, eos
-    within the top ``beam``, room for finished hypotheses, the first ``beam`` other tokens live) run
-    on all requests at once; only the new hypotheses are built one by one. ``log_probs`` (R, beam,
-    V): the full rows, needed only to record a hypothesis's history.
+    ``ids``/``values`` (R, beam, k >= beam + 1): each row's best candidates (``top_candidates``). The
+    search reads a request's best continuations in order until ``beam`` of them are not eos (an eos
+    counts only among the first ``beam``), and a row's best ``beam + 1`` hold ``beam`` that are not eos,
+    so no row's later candidates are ever read: the same choice as from every token of every row. The
+    ranking and the tests on it (finite, eos within the top ``beam``, room for finished hypotheses,
+    the first ``beam`` other tokens live) run on all requests at once; only the new hypotheses are
+    built one by one. ``log_probs`` (R, beam, V): the full rows, needed only to record a hypothesis's history.
     """
     n, beam, k = ids.shape
     live = np.array([[h.score for h in r.live] for r in reqs])  # (R, beam) float64
     flat = (live[:, :, None] + values.astype(np.float64)).reshape(n, beam * k)
     top_k = min(2 * beam, beam * k)
     order = np.argsort(-flat, axis=1, kind="stable")[:, :top_k]  # ties: lower row, then lower token id
-    scores = np.take_along_axis(flat, order, 1)
-    tokens = np.take_along_axis(ids.reshape(n, beam * k), order, 1)
+    at = np.arange(n)[:, None]
+    scores, tokens = flat[at, order], ids.reshape(n, beam * k)[at, order]
     finite = np.cumprod(np.isfinite(scores), axis=1).astype(bool)  # nothing after the first -inf counts
     ends = finite & (tokens == eos) & (np.arange(top_k) < beam)  # an eos below the top `beam` never ends a search
     room = beam - np.array([len(r.done) for r in reqs])[:, None]
@@ -492,8 +498,8 @@ class LogProbs:
 
 
 def candidates_needed(requests: Sequence[DecodeRequest], vocabulary: int) -> int:
-    """How many best tokens per row this step's search reads: 1 for greedy rows, 2 beam for a beam's."""
-    return min(vocabulary, max(2 * r.beam if r.beam > 1 or r.record else 1 for r in requests))
+    """How many best tokens per row this step's search reads: 1 for greedy rows, beam + 1 for a beam's (``_select``)."""
+    return min(vocabulary, max(r.beam + 1 if r.beam > 1 or r.record else 1 for r in requests))
 
 
 def _limits(requests: list[DecodeRequest], bound: list[int], offsets: np.ndarray) -> list[Limit]:
@@ -516,7 +522,7 @@ def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list
     """Every request's survivors after this step (``[]``: it finished or was cancelled).
 
     Greedy requests take their row's best token; searching ones (beam > 1, or recording) are selected
-    together, one :func:`_select` per beam width, on each row's best ``2 beam`` candidates. The rows of a
+    together, one :func:`_select` per beam width, on each row's best ``beam + 1`` candidates. The rows of a
     request with a constraint are constrained first (``contract/constraints.py``), then searched alike.
     """
     offsets = np.cumsum([0] + [r.beam for r in requests[:-1]])
@@ -535,7 +541,7 @@ def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list
             widths.setdefault(r.beam, []).append(i)
     for beam, idx in widths.items():
         rows = (offsets[idx][:, None] + np.arange(beam)).ravel()
-        ids, values = scores.best(rows, 2 * beam)
+        ids, values = scores.best(rows, beam + 1)
         k = ids.shape[1]  # fewer when the vocabulary is smaller
         recorded = scores.full(rows).reshape(len(idx), beam, -1) if any(requests[i].record for i in idx) else None
         chosen = _select(

@@ -244,3 +244,39 @@ def test_top_candidates_are_each_rows_best_in_order_with_ties_to_the_lower_id():
     np.testing.assert_array_equal(ids[[0, 1, 3, 4, 5]], expected[[0, 1, 3, 4, 5]])
     np.testing.assert_array_equal(values, np.take_along_axis(log_probs, ids, 1))
     assert ids[2, 0] == 7 and np.isneginf(values[2, 1:]).all()  # a row with fewer finite candidates than k
+
+
+def test_beam_search_reading_beam_plus_one_candidates_per_row_chooses_as_from_every_token():
+    """``advance`` reads each row's best ``beam + 1`` tokens; a search over every token of every row must
+    choose the same survivors and finished hypotheses, step after step (ties, eos near the top, dead rows)."""
+    from contract.decoding import Hypothesis, LogProbs, advance
+
+    class EveryToken(LogProbs):
+        def best(self, rows, k):  # the whole vocabulary, ranked as top_candidates ranks: ties to the lower id
+            mine = self.log_probs[rows]
+            ids = np.argsort(-mine, axis=1, kind="stable")
+            return ids, np.take_along_axis(mine, ids, 1)
+
+    rng = np.random.default_rng(7)
+    vocab, eos = 12, 2
+    for trial in range(40):
+        beam = int(rng.integers(2, 6))
+        requests = {}
+        for kind in ("read", "every"):
+            rs = [DecodeRequest([5, eos], 30, beam=beam) for _ in range(3)]
+            for r in rs:
+                r.live = [Hypothesis([], 0.0 if i == 0 else -np.inf, False) for i in range(beam)]
+            requests[kind] = rs
+        for _ in range(6):
+            rows = sum(r.beam for r in requests["read"])
+            x = np.round(rng.standard_normal((rows, vocab)), 1).astype(np.float32) * 2  # rounded: ties
+            x[rng.random(rows) < 0.5, eos] = x.max() + 1.0  # eos often the best token of a row
+            x[rng.random((rows, vocab)) < 0.1] = -np.inf
+            read = advance(requests["read"], LogProbs(x.copy()), eos)
+            every = advance(requests["every"], EveryToken(x.copy()), eos)
+            assert read == every, trial
+            for a, b in zip(requests["read"], requests["every"]):
+                assert [(h.tokens, h.score) for h in a.live] == [(h.tokens, h.score) for h in b.live]
+                assert [(h.tokens, h.score) for h in a.done] == [(h.tokens, h.score) for h in b.done]
+            if not any(read):
+                break
