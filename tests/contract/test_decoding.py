@@ -249,7 +249,7 @@ def test_top_candidates_are_each_rows_best_in_order_with_ties_to_the_lower_id():
 def test_beam_search_reading_beam_plus_one_candidates_per_row_chooses_as_from_every_token():
     """``advance`` reads each row's best ``beam + 1`` tokens; a search over every token of every row must
     choose the same survivors and finished hypotheses, step after step (ties, eos near the top, dead rows)."""
-    from contract.decoding import Hypothesis, LogProbs, advance
+    from contract.decoding import LogProbs, advance
 
     class EveryToken(LogProbs):
         def best(self, rows, k):  # the whole vocabulary, ranked as top_candidates ranks: ties to the lower id
@@ -261,12 +261,7 @@ def test_beam_search_reading_beam_plus_one_candidates_per_row_chooses_as_from_ev
     vocab, eos = 12, 2
     for trial in range(40):
         beam = int(rng.integers(2, 6))
-        requests = {}
-        for kind in ("read", "every"):
-            rs = [DecodeRequest([5, eos], 30, beam=beam) for _ in range(3)]
-            for r in rs:
-                r.live = [Hypothesis([], 0.0 if i == 0 else -np.inf, False) for i in range(beam)]
-            requests[kind] = rs
+        requests = {kind: [DecodeRequest([5, eos], 30, beam=beam) for _ in range(3)] for kind in ("read", "every")}
         for _ in range(6):
             rows = sum(r.beam for r in requests["read"])
             x = np.round(rng.standard_normal((rows, vocab)), 1).astype(np.float32) * 2  # rounded: ties
@@ -278,5 +273,7 @@ def test_beam_search_reading_beam_plus_one_candidates_per_row_chooses_as_from_ev
             for a, b in zip(requests["read"], requests["every"]):
                 assert [(h.tokens, h.score) for h in a.live] == [(h.tokens, h.score) for h in b.live]
                 assert [(h.tokens, h.score) for h in a.done] == [(h.tokens, h.score) for h in b.done]
-            if not any(read):
+            # as ``step`` does, the finished requests leave; the others decode on
+            requests = {kind: [r for r, picked in zip(rs, read) if picked] for kind, rs in requests.items()}
+            if not requests["read"]:
                 break
