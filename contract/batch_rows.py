@@ -135,12 +135,14 @@ class Rows:
         keys, values = [grow(k) for k in self.past_keys], [grow(v) for v in self.past_values]
         return Rows(keys, values, mask, self.cross_keys, self.cross_values, self.src_mask, self.group)
 
-    def gather(self, rows: np.ndarray, groups: np.ndarray | None = None) -> None:
+    def gather(self, rows: np.ndarray, groups: np.ndarray | None = None, width: int | None = None) -> None:
         """Row ``i`` becomes row ``rows[i]`` in place, and cross-attention row ``j`` row ``groups[j]`` (default:
-        ``rows``, for group 1); only rows that change are copied."""
+        ``rows``, for group 1); only rows that change are copied, and of the caches only the first ``width``
+        columns (default: all): past a batch's width every row in use is zero and masked already."""
+        w = self.capacity if width is None else width
         for index, buffers in (
-            (rows, (*self.caches(), self.cache_mask)),
-            (rows if groups is None else groups, (*self.crosses(), self.src_mask)),
+            (rows, [c[:, :, :w] for c in self.caches()] + [self.cache_mask[:, :w]]),
+            (rows if groups is None else groups, [*self.crosses(), self.src_mask]),
         ):
             moved = np.flatnonzero(index != np.arange(len(index)))
             if len(moved):

@@ -326,7 +326,7 @@ class DecodeBatch:
         cache_mask, src_mask = self.cache_mask[rows], self.src_mask[groups]
         first, last = trim_points(cache_mask, src_mask, self.width)
         if self.rows is not None and first == 0 and last == self.src_mask.shape[1]:
-            self.rows.gather(rows, groups)
+            self.rows.gather(rows, groups, self.width)
             return DecodeBatch.over(self.rows, requests, tokens, self.width)
         room = len(self.rows) if self.rows is not None else None
         full = Rows.allocate(self, spare_rows(len(rows), room), self.capacity - first, last, g)
@@ -555,16 +555,24 @@ def advance(requests: list[DecodeRequest], scores: StepScores, eos: int) -> list
 def plan(
     requests: list[DecodeRequest], survivors: list[list[tuple[int, int]]]
 ) -> tuple[list[DecodeRequest], list[DecodeRequest], np.ndarray, np.ndarray]:
-    """(requests that finished, those that go on, the rows they go on from, in order, and their next tokens)."""
-    finished, keep, rows, tokens, offset = [], [], [], [], 0
-    for req, picked in zip(requests, survivors):
-        if picked:
-            keep.append(req)
-            rows += [offset + r for r, _ in picked]
-            tokens += [t for _, t in picked]
-        else:
-            finished.append(req)
-        offset += req.beam
+    """(requests that finished, those that go on, the rows they go on from, in order, and their next tokens).
+
+    When every request has as many rows, the requests that go on keep their places but for the last ones,
+    which move into the places of those that finished: a request leaving moves its own rows' worth, not every
+    row after it (rows are independent, so where a request sits changes none of its results)."""
+    finished = [req for req, picked in zip(requests, survivors) if not picked]
+    slots = [i for i, picked in enumerate(survivors) if picked]  # the requests that go on, in batch order
+    if finished and len({r.beam for r in requests}) == 1:
+        kept = len(slots)
+        stay = {i for i in slots if i < kept}
+        movers = iter(i for i in slots if i >= kept)
+        slots = [i if i in stay else next(movers) for i in range(kept)]
+    offsets = np.cumsum([0] + [r.beam for r in requests[:-1]]).tolist()
+    keep, rows, tokens = [], [], []
+    for i in slots:
+        keep.append(requests[i])
+        rows += [offsets[i] + r for r, _ in survivors[i]]
+        tokens += [t for _, t in survivors[i]]
     return finished, keep, np.array(rows, dtype=np.int64), np.array(tokens, dtype=np.int64)
 
 

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from contract.batch_rows import GROW, joined_capacity, spare_rows, trim_points
-from contract.decoding import DecodeBatch, DecodeRequest, DecoderSpec, concatenate, run_to_end, session_fn, step
+from contract.decoding import DecodeBatch, DecodeRequest, DecoderSpec, concatenate, plan, run_to_end, session_fn, step
 from contract.manifest import load_entry
 from tests.conftest import SHIPPED_TRANSLATOR
 
@@ -185,3 +185,30 @@ def test_requests_leaving_a_shared_batch_take_their_cross_attention_rows_with_th
     per_row = DecoderSpec(**{**spec.__dict__, "cross_rows": "row"})
     alone = DecodeBatch.start([DecodeRequest(s, 40, beam=2) for s in SOURCES[:4]], enc, per_row)
     assert alone.group == 1 and len(alone.src_mask) == 8  # a decoder without the rewrite: a row per row
+
+
+def test_a_request_that_leaves_is_replaced_by_the_last_so_only_its_rows_move():
+    """With every request on as many rows, the last requests fill the places of those that finished; a mix of
+    beam widths keeps the batch's order."""
+    reqs = [DecodeRequest([5, 2], 9) for _ in range(5)]
+    finished, keep, rows, tokens = plan(reqs, [[(0, 10)], [], [(0, 12)], [(0, 13)], [(0, 14)]])
+    assert finished == [reqs[1]] and keep == [reqs[0], reqs[4], reqs[2], reqs[3]]
+    assert rows.tolist() == [0, 4, 2, 3] and tokens.tolist() == [10, 14, 12, 13]
+    beams = [DecodeRequest([5, 2], 9, beam=2) for _ in range(4)]  # rows 0-1, 2-3, 4-5, 6-7
+    finished, keep, rows, tokens = plan(beams, [[], [(1, 7), (1, 8)], [], [(0, 3), (1, 4)]])
+    assert keep == [beams[3], beams[1]] and rows.tolist() == [6, 7, 3, 3] and tokens.tolist() == [3, 4, 7, 8]
+    mixed = [DecodeRequest([5, 2], 9, beam=b) for b in (1, 2, 1)]
+    _, keep, rows, _ = plan(mixed, [[], [(0, 7), (1, 8)], [(0, 9)]])
+    assert keep == mixed[1:] and rows.tolist() == [1, 2, 3]
+
+
+def test_rows_moving_within_the_buffers_copy_only_the_cache_columns_in_use(graphs):
+    enc, dec, spec = graphs
+    reqs = [DecodeRequest(s, 40) for s in SOURCES[:4]]
+    batch = steps(DecodeBatch.start(reqs, enc, spec, room=8), dec, spec, 3)
+    for full in batch.rows.caches():
+        full[3, :, batch.width :] = np.nan  # row 3's columns past the width, which no step reads as keys
+    taken = batch.take(np.array([0, 3, 2]), [reqs[0], reqs[3], reqs[2]], batch.tokens[[0, 3, 2]])
+    assert taken.rows is batch.rows
+    assert all((k[1, :, taken.width :] == 0).all() for k in taken.rows.caches())  # row 1 keeps its own zeros
+    assert all(np.isnan(k[3, :, taken.width :]).all() for k in taken.rows.caches())  # row 3 was not read past them
