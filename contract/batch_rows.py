@@ -2,8 +2,9 @@
 
 A :class:`contract.decoding.DecodeBatch`'s caches, masks and cross-attention arrays are the first
 ``n`` rows of larger buffers (:class:`Rows`). A request joins by writing its rows into the spare ones
-(the running rows stay where they are); rows leave by moving only the rows after them; neither
-allocates. A buffer is laid out anew (allocated, the rows copied) only when its columns change:
+(the running rows stay where they are); a request that leaves is replaced by the last one (``plan`` in
+``contract/decoding.py``), so only that request's rows move, and of their caches only the columns in use;
+neither allocates. A buffer is laid out anew (allocated, the rows copied) only when its columns change:
 the cache grows by ``GROW`` columns, a joining source is longer than the batch's, or at least
 ``GROW`` cache or source columns fell out of use (:func:`trim_points`). Fresh buffers are what made
 joining 64 rows cost 7.6 to 8.5 ms against a 12 ms step: most of it the page faults of touching

@@ -1,4 +1,4 @@
-"""A decode batch's buffers with rows to spare: joins write in place, leaves move only the rows after them,
+"""A decode batch's buffers with rows to spare: joins write in place, a leaving request's rows take the last one's,
 new buffers come only with new columns, and nothing read ever comes from a spare row."""
 
 from __future__ import annotations
