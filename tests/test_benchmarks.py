@@ -385,6 +385,25 @@ def test_bench_decoder_step_times_entries_side_by_side():
         assert all(float(d) == 0.0 for _, d in times), cells
 
 
+def test_bench_lanes_splits_each_loads_time_inside_the_service(tiny_translator_repository):
+    """The service under wrk, its lanes timed from inside: per load the rates, the steps split into the
+    decoder run and what is around it, and the encoder runs, with figures that add up."""
+    args = ("--repository", str(tiny_translator_repository), "--clients", "1", "2", "--beams", "1", "2")
+    proc = run_module("benchmarks.bench_lanes", *args, "--duration", "1", "--messages", "8", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    loads = [f"{search}, {c} clients: " for search in ("greedy", "beam 2") for c in (1, 2)]
+    assert_sane_figures(proc.stdout, (*loads, "decoder steps: ", "encoder runs: "))
+    lines = proc.stdout.splitlines()
+    for load in loads:
+        i = next(i for i, line in enumerate(lines) if line.startswith(load))
+        steps, encodes = lines[i + 1], lines[i + 2]
+        step_ms, run_ms, around_ms = (float(x) for x in re.findall(r"([\d.]+) ms", steps)[:3])
+        assert abs(step_ms - (run_ms + around_ms)) < 0.002 and around_ms > 0
+        assert re.search(r"encoder runs: [\d.]+ per request answered", encodes)
+        rows = float(re.search(r"([\d.]+) rows each", steps).group(1))
+        assert rows >= (2 if "beam 2" in load else 1)  # a beam's request takes its rows
+
+
 def test_bench_joins_runs_both_checkouts_on_a_stream_of_requests():
     """This checkout against itself on a short stream: every row printed with its figures."""
     proc = run_module(
