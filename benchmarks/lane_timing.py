@@ -4,7 +4,8 @@ For :mod:`benchmarks.bench_lanes`. Before the service starts, the names the sche
 translator call are wrapped: ``step`` (one decoder step with the search and the cache bookkeeping around
 it: its wall time and its thread's CPU time) and ``session_fn`` (each graph run: the decoder step's with
 its rows, the encoder's with its source tokens). The sums, since the start, go as JSON to the file named
-by ``ATTNSERVE_LANE_TIMING`` every ``WRITE_EVERY_S``; a reader takes two of them around a load.
+by ``ATTNSERVE_LANE_TIMING`` every ``WRITE_EVERY_S``; a reader takes two of them around a load. The wrapping
+holds in the one process the service runs in by default (``ATTNSERVE_WORKERS=1``), not in workers it would spawn.
 """
 
 from __future__ import annotations
