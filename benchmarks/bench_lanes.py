@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_classify import ROOT, _free_port, run_wrk, write_script
-from benchmarks.bench_libretranslate_servers import Server
-from benchmarks.lane_timing import WRITE_EVERY_S, read
+from benchmarks.bench_classify import ROOT, run_wrk, write_script
+from benchmarks.bench_libretranslate_servers import Server, start_attnserve
+from benchmarks.lane_timing import FIGURES, WRITE_EVERY_S, read
 
 MESSAGES = (Path(__file__).parent / "translate_messages.txt").read_text("utf-8").splitlines()
 
@@ -44,18 +44,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def start(args: argparse.Namespace, workdir: Path) -> tuple[Server, Path]:
-    port, timing = _free_port(), workdir / "lanes.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "ATTNSERVE_MODEL_REPOSITORY": str(args.repository),
-        "ATTNSERVE_PORT": str(port),
-        "ATTNSERVE_GRPC_PORT": "0",
-        "ATTNSERVE_DRAIN_DELAY_S": "0",
-        "ATTNSERVE_PRECISION": args.precision,
-        "ATTNSERVE_LANE_TIMING": str(timing),
-    }
-    server = Server("attnserve", [sys.executable, "-m", "benchmarks.lane_timing"], env, port, workdir / "service.log")
+    timing = workdir / "lanes.json"
+    server = start_attnserve(
+        args.repository, workdir, args.precision, "benchmarks.lane_timing", {"ATTNSERVE_LANE_TIMING": str(timing)}
+    )
     server.wait_ready("/v2/health/ready")
     server.post("/translate", {"text": MESSAGES[0]})  # the translator is loaded and answers
     return server, timing
@@ -101,21 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                     if out["non_2xx"] or out["errors"]:
                         raise SystemExit(f"{out['non_2xx']} non-2xx answers, {out['errors']} errors; see the log")
                     search = "greedy" if beam == 1 else f"beam {beam}"
-                    delta = {k: after[k] - before[k] for k in set(after) | set(before)}
-                    delta = {
-                        k: delta.get(k, 0)
-                        for k in (
-                            "steps",
-                            "step_s",
-                            "step_cpu_s",
-                            "decoder_runs",
-                            "decoder_s",
-                            "decoder_rows",
-                            "encoder_runs",
-                            "encoder_s",
-                            "encoder_tokens",
-                        )
-                    }
+                    delta = {k: after[k] - before[k] for k in FIGURES}
                     print(row(f"{search}, {clients} clients", out, delta), flush=True)
         finally:
             server.stop()

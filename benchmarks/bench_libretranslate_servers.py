@@ -144,10 +144,17 @@ class Server:
                 self.proc.wait()
 
 
-def start_attnserve(repository: Path, workdir: Path, precision: str = "auto") -> Server:
+def start_attnserve(
+    repository: Path,
+    workdir: Path,
+    precision: str = "auto",
+    module: str = "service",
+    extra_env: dict[str, str] | None = None,
+) -> Server:
     """``python -m service`` on ``repository`` as ``make serve`` starts it, on a free port, gRPC off (the
     benchmarks measure HTTP; a gRPC server on the shared default port would clash), at ``precision``
-    (``ATTNSERVE_PRECISION``)."""
+    (``ATTNSERVE_PRECISION``); ``module`` for a wrapper that starts the service itself, ``extra_env`` for more
+    variables."""
     port = _free_port()
     env = {
         **os.environ,
@@ -157,8 +164,9 @@ def start_attnserve(repository: Path, workdir: Path, precision: str = "auto") ->
         "ATTNSERVE_GRPC_PORT": "0",
         "ATTNSERVE_DRAIN_DELAY_S": "0",  # no load balancer in front: stop at once
         "ATTNSERVE_PRECISION": precision,
+        **(extra_env or {}),
     }
-    return Server("attnserve", [sys.executable, "-m", "service"], env, port, workdir / "attnserve.log")
+    return Server("attnserve", [sys.executable, "-m", module], env, port, workdir / "attnserve.log")
 
 
 def start_libretranslate(

@@ -23,6 +23,18 @@ from service.__main__ import main
 from service.engine import scheduler
 
 WRITE_EVERY_S = 0.2
+# The sums written: per step, per decoder run, per encoder run.
+FIGURES = (
+    "steps",
+    "step_s",
+    "step_cpu_s",
+    "decoder_runs",
+    "decoder_s",
+    "decoder_rows",
+    "encoder_runs",
+    "encoder_s",
+    "encoder_tokens",
+)
 _sums: Counter = Counter()
 _lock = threading.Lock()
 

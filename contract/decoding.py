@@ -567,7 +567,7 @@ def plan(
         stay = {i for i in slots if i < kept}
         movers = iter(i for i in slots if i >= kept)
         slots = [i if i in stay else next(movers) for i in range(kept)]
-    offsets = np.cumsum([0] + [r.beam for r in requests[:-1]]).tolist()
+    offsets = list(itertools.accumulate((r.beam for r in requests), initial=0))
     keep, rows, tokens = [], [], []
     for i in slots:
         keep.append(requests[i])
