@@ -385,6 +385,26 @@ def test_bench_decoder_step_times_entries_side_by_side():
         assert all(float(d) == 0.0 for _, d in times), cells
 
 
+def test_bench_decoder_step_puts_ctranslate2s_whole_step_beside_the_graph():
+    """--ctranslate2 on the shipped int8 variant: CTranslate2 built from its fp32 entry's weights runs int8, and
+    every batch row gets its step time and the graph's ratio to it, the median within its rounds' spread."""
+    pytest.importorskip("ctranslate2")
+    proc = run_module(
+        "benchmarks.bench_decoder_step", "models/translator/3/int8", "--rounds", "2", "--ctranslate2", timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(re.findall(r"^batch +(\d+) +(.*)$", proc.stdout, re.MULTILINE))
+    assert sorted(int(b) for b in rows) == [1, 16, 64], proc.stdout
+    for cells in rows.values():
+        found = re.search(
+            r"CTranslate2 int8, its whole step: ([\d.]+) ms \(first entry's graph / it: ([\d.]+)x, ([\d.]+)-([\d.]+)\)",
+            cells,
+        )
+        assert found, cells
+        ms, median, low, high = (float(x) for x in found.groups())
+        assert 0 < ms < 1_000 and 0 < low <= median <= high, cells
+
+
 def test_bench_lanes_splits_each_loads_time_inside_the_service(tiny_translator_repository):
     """The service under wrk, its lanes timed from inside: per load the rates, the steps split into the
     decoder run and what is around it, and the encoder runs, with figures that add up."""
