@@ -37,13 +37,12 @@ import onnxruntime as ort
 
 from contract.decoding import DecoderSpec, decoder_inputs
 from contract.manifest import load_entry
-from export.fuse import ort_nodes
+from export.fuse import SENTENCES, ort_nodes
 
 BATCHES = (1, 16, 64)
 CACHE, SOURCE = 24, 20  # columns of the cache buffer, source positions
 MIN_SECONDS = 0.1  # each measurement repeats the step until it lasts about this long
 CT2_LENGTHS = (CACHE - 12, CACHE + 12)  # tokens generated: the cache spans 12 to 36 columns, 24 on average
-SENTENCES = Path(__file__).parent / "translate_sentences.txt"
 
 
 def feeds(spec: DecoderSpec, rows: int, rng: np.random.Generator, group: int = 1) -> dict[str, np.ndarray]:
