@@ -17,7 +17,7 @@ PIP     := $(BIN)/python -m pip install --disable-pip-version-check -q
 LT_VENV    ?= .venv-libretranslate
 LT_VERSION := 1.9.6
 
-.PHONY: help install install-dev system-deps data corpus heldout heldout-placeholders train export train-translator export-translator import-hf int8 libretranslate models serve lint test test-all bench docs clean
+.PHONY: help install install-dev system-deps data corpus heldout heldout-placeholders heldout-markup train export train-translator export-translator import-hf int8 libretranslate models serve lint test test-all bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -86,6 +86,9 @@ heldout: install-dev  ## out-of-domain test set: the core system tools' catalogs
 
 heldout-placeholders: install-dev  ## the same catalogs' messages that carry placeholders, kept verbatim (needs make corpus)
 	$(BIN)/python -m model.translation.heldout_placeholders --corpus data/translation --out data/translation-heldout-placeholders
+
+heldout-markup: install-dev  ## desktop applications' messages with inline markup (<b>, <a>, <br>), kept verbatim (needs make corpus)
+	$(BIN)/python -m model.translation.heldout_markup --corpus data/translation --out data/translation-heldout-markup
 
 train-translator: install-dev  ## train the translator (PROFILE=default|tiny; resume with ARGS=--resume)
 	$(BIN)/python -m model.train_translator --profile $(PROFILE) $(TRANSLATOR_RECIPE) $(ARGS)

@@ -7,10 +7,15 @@ sets to ``-inf``, in each of the request's rows:
 
 - every sentinel already placed in that row's hypothesis (no sentinel twice), and every sentinel
   whose predecessors are not all placed yet (order);
-- end of sentence while a sentinel is missing (none left out);
+- end of sentence while a sentinel is missing, unless ending is what the model wants most (the row's
+  best token): a hypothesis that does not want a span would otherwise ramble on until the length limit
+  forces it in. A span left out so is placed by the word alignment (``contract/projection.py``);
 - every piece holding a character that starts a protected span (``%``, ``{``, ``}``, ``<``, ``>``,
   ``&``, ``\\``) when the masked source has no such character: the model cannot write a placeholder of
   its own (no invented ``%n``);
+- right after a sentinel whose span stood apart in the source (``%d files``), every piece that would go on
+  with the same word or glue one to it with a hyphen (``Q`` + ``ie``, ``%d-Dateien``): a sentinel is a word
+  of its own, as masking wrote it;
 - and, when the tokens a hypothesis may still emit are no more than the sentinels it lacks, every
   token but those sentinels (so the length limit cannot cut one off).
 
@@ -37,6 +42,7 @@ class SentinelVocabulary:
     sentinels: tuple[str, ...]  # in the order masking uses them
     ids: tuple[tuple[int, ...], ...]  # per sentinel, the pieces that spell it
     guarded: dict[str, np.ndarray]  # per guarded character, the ids of the pieces that contain it
+    continuing: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # pieces inside a word
 
     @classmethod
     def build(cls, tokenizer, candidates: Sequence[str]) -> SentinelVocabulary:
@@ -56,7 +62,8 @@ class SentinelVocabulary:
             "" if i in control else _surface(p) for i, p in enumerate(tokenizer.pieces(range(tokenizer.vocab_size)))
         ]
         guarded = {c: np.array([i for i, t in enumerate(surface) if c in t], dtype=np.int64) for c in GUARDED}
-        return cls(tuple(sentinels), tuple(ids), guarded)
+        continuing = np.array([i for i, t in enumerate(surface) if t[:1].isalnum() or t[:1] == "-"], dtype=np.int64)
+        return cls(tuple(sentinels), tuple(ids), guarded, continuing)
 
 
 def _surface(piece: str) -> str:
@@ -78,23 +85,27 @@ class Constraint:
     after: tuple[tuple[int, ...], ...]
     banned: np.ndarray  # never allowed (guarded pieces the masked source has no use for)
     eos: int
+    continuing: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # not after a sentinel
+    apart: tuple[bool, ...] = ()  # per span, whether the source set it apart from what follows (default: all)
     span_of: dict[int, int] = field(init=False, repr=False)  # token id -> the span whose sentinel it spells
-    _masks: dict[tuple[int, bool], np.ndarray] = field(init=False, repr=False, default_factory=dict)
+    _masks: dict[tuple[int, bool, bool], np.ndarray] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.span_of = {t: i for i, ids in enumerate(self.ids) for t in ids}
         self.complete = (1 << len(self.ids)) - 1
+        self.apart = self.apart or (True,) * len(self.ids)
 
     @classmethod
     def for_text(
-        cls, masked_text: str, sentinels: Sequence[str], vocabulary: SentinelVocabulary, after, eos: int
+        cls, masked_text: str, sentinels: Sequence[str], vocabulary: SentinelVocabulary, after, eos: int, apart=()
     ) -> Constraint:
-        """The constraint of a masked sentence whose spans use ``sentinels`` (in span order)."""
+        """The constraint of a masked sentence whose spans use ``sentinels`` (in span order); ``apart``: per span,
+        whether whitespace or the end followed it in the source."""
         index = {s: i for i, s in enumerate(vocabulary.sentinels)}
         ids = tuple(vocabulary.ids[index[s]] for s in sentinels)
         parts = [vocabulary.guarded[c] for c in GUARDED if c not in masked_text]
         banned = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
-        return cls(ids, tuple(tuple(a) for a in after), banned, eos)
+        return cls(ids, tuple(tuple(a) for a in after), banned, eos, vocabulary.continuing, tuple(apart))
 
     def placed(self, state: int, token: int) -> int:
         """The set of placed spans after ``token``."""
@@ -104,9 +115,10 @@ class Constraint:
     def missing(self, state: int) -> int:
         return len(self.ids) - state.bit_count()
 
-    def disallowed(self, state: int, forced: bool) -> np.ndarray:
-        """The ids a row in ``state`` may not emit now (``forced``: the ones it may, flagged by the caller)."""
-        key = (state, forced)
+    def disallowed(self, state: int, forced: bool, glued: bool = False) -> np.ndarray:
+        """The ids a row in ``state`` may not emit now (``forced``: the ones it may, flagged by the caller;
+        ``glued``: the row's last token was the sentinel of a span set apart)."""
+        key = (state, forced, glued)
         if key not in self._masks:
             ready, waiting = [], []
             for i, ids in enumerate(self.ids):
@@ -119,26 +131,32 @@ class Constraint:
                 self._masks[key] = np.array(sorted(ready), dtype=np.int64)
             else:
                 extra = [self.eos] if state != self.complete else []
-                self._masks[key] = np.unique(np.concatenate([self.banned, np.array(waiting + extra, dtype=np.int64)]))
+                parts = [self.banned, np.array(waiting + extra, dtype=np.int64)] + ([self.continuing] if glued else [])
+                self._masks[key] = np.unique(np.concatenate(parts))
         return self._masks[key]
 
 
-Limit = tuple[list[int], "Constraint", int, bool]  # rows, their constraint, their placed set, must place now
+Limit = tuple[list[int], "Constraint", int, bool, bool]  # rows, constraint, placed set, must place now, glued
 
 
 def apply(log_probs: np.ndarray, limits: Sequence[Limit]) -> None:
     """Set what each row may not emit to ``-inf`` in ``log_probs``, in place. A limit covers the rows of one
     request whose hypotheses have placed the same spans: (those rows, the request's constraint, the placed
-    set, whether they must place a sentinel now)."""
-    flat, width = [], log_probs.shape[1]
-    for where, constraint, state, must in limits:
-        banned = constraint.disallowed(state, must)
+    set, whether they must place a sentinel now, whether their last token was a sentinel)."""
+    flat, width, ending = [], log_probs.shape[1], []
+    for where, constraint, state, must, glued in limits:
+        banned = constraint.disallowed(state, must, glued)
         if must:
             for row in where:
                 keep = log_probs[row, banned].copy()  # here: the sentinels that may come next
                 log_probs[row] = -np.inf
                 log_probs[row, banned] = keep
-        else:
-            flat.append(banned + where[0] * width if len(where) == 1 else np.add.outer(np.array(where) * width, banned))
+            continue
+        if state != constraint.complete:  # a row whose best token is eos may end with spans missing
+            eos = constraint.eos
+            ending += [(row, eos, log_probs[row, eos]) for row in where if log_probs[row, eos] >= log_probs[row].max()]
+        flat.append(banned + where[0] * width if len(where) == 1 else np.add.outer(np.array(where) * width, banned))
     if flat:
         log_probs.put(np.concatenate([f.ravel() for f in flat]), -np.inf)  # flat indices, in place
+    for row, eos, value in ending:
+        log_probs[row, eos] = value

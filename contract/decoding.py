@@ -504,17 +504,20 @@ def candidates_needed(requests: Sequence[DecodeRequest], vocabulary: int) -> int
 
 def _limits(requests: list[DecodeRequest], bound: list[int], offsets: np.ndarray) -> list[Limit]:
     """The limits of the requests with a constraint: per request, its rows grouped by the spans they placed
-    (beams mostly agree), and whether they must place a sentinel now (no more tokens left than missing)."""
+    (beams mostly agree) and whether their last token was a sentinel set apart, and whether they must place a sentinel
+    now (no more tokens left than missing)."""
     limits: list[Limit] = []
     for i in bound:
         req, first = requests[i], int(offsets[i])
         left = req.max_new_tokens - req.steps  # tokens each hypothesis may still emit, this one included
-        states: dict[int, list[int]] = {}
+        states: dict[tuple[int, bool], list[int]] = {}
+        span_of = req.constraint.span_of
         for r, h in enumerate(req.live):
-            states.setdefault(h.placed, []).append(first + r)
-        for state, rows in states.items():
+            glued = bool(h.tokens) and h.tokens[-1] in span_of and req.constraint.apart[span_of[h.tokens[-1]]]
+            states.setdefault((h.placed, glued), []).append(first + r)
+        for (state, glued), rows in states.items():
             missing = req.constraint.missing(state)
-            limits.append((rows, req.constraint, state, 0 < missing >= left))
+            limits.append((rows, req.constraint, state, 0 < missing >= left, glued))
     return limits
 
 

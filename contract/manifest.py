@@ -167,6 +167,14 @@ class TokenizerSpec(Section):
         return self
 
 
+class AlignmentSpec(Section):
+    """Which cross-attention maps align a translation's words with its source's (contract/projection.py)."""
+
+    layers: list[int] | None = None  # None: every layer
+    heads: list[int] | None = None  # None: every head
+    shift: int = Field(default=0, ge=0)  # 0: the step that emitted the token; 1: the step that was fed it
+
+
 class DecodingSpec(Section):
     """The step decoder's cache geometry and the decoding defaults (contract/decoding.py drives it)."""
 
@@ -182,6 +190,9 @@ class DecodingSpec(Section):
     # What masking puts in place of a protected span, each spelt by one piece of the tokenizer, in the order
     # they are used (contract/translation_text.py); empty: the capital letters the tokenizer spells as one piece.
     sentinels: list[str] = Field(default_factory=list)
+    # Where inline markup and unplaced spans go (contract/projection.py): the cross-attention layers and heads
+    # whose mean aligns target to source words best; absent: every layer and head.
+    alignment: AlignmentSpec | None = None
 
 
 class Variant(Section):

@@ -202,6 +202,18 @@ def restore(translation: str, masked: Masked, marks: Sequence[str] | None = None
     return "".join(out), found
 
 
+_NUMBER = re.compile(r"%(?:\d+\$)?[-+0#' ]*\d*(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|Z|t)?[diouxX]")
+
+
+def unglue_numbers(translation: str, masked: Masked) -> str:
+    """A number conversion the source set apart (``%d files``) that the translation glued to a noun with a
+    hyphen (``%d-Dateien``: German writes ``%d Dateien``) gets its space back. Names (``%s-Datei``) keep theirs."""
+    for span, (_, right) in zip(masked.spans, masked.glued):
+        if right is None and _NUMBER.fullmatch(span.text):
+            translation = re.sub(re.escape(span.text) + r"-(?=[A-ZÄÖÜ])", span.text + " ", translation)
+    return translation
+
+
 def _extends(span: str, after: str) -> bool:
     """Whether the text after a restored span would make it a longer span (``%l`` before ``i``)."""
     m = _SPANS.match(span + after[:16])

@@ -21,14 +21,24 @@ from contract.decoding import (
     Hypothesis,
     decoder_inputs,
     decoding_outputs,
-    pad_sources,
     session_fn,
     step,
 )
 from contract.manifest import Entry, ManifestError
 from contract.placeholders import TooManySpans
+from contract.projection import Alignment, Inserts
 from contract.tokenizer import TokenizerError, load_tokenizer, normalize_text
-from contract.translation_text import LETTER_SENTINELS, Sentence, TextPlan, labels, plan_text, render
+from contract.translation_text import (
+    LETTER_SENTINELS,
+    Sentence,
+    TextPlan,
+    attention_maps,
+    labels,
+    needs_alignment,
+    place,
+    plan_text,
+    render,
+)
 from service.engine.resident import CacheGraphs, ResidentDecoder, ResidentEncoder
 from service.errors import InvalidField, TextTooLong
 from service.runtime import CUDA, SessionHandle
@@ -53,6 +63,7 @@ class Job:
 
     plan: TextPlan
     requests: list[DecodeRequest] = field(default_factory=list)
+    inserts: dict[int, list[Inserts]] = field(default_factory=dict)  # per rank: markup, unplaced spans (`place`)
 
 
 class Translator:
@@ -82,6 +93,7 @@ class Translator:
         # capital letters the tokenizer spells as one piece (contract/translation_text.py).
         vocabulary = SentinelVocabulary.build(self.tokenizer, m.decoding.sentinels or LETTER_SENTINELS)
         self.sentinels = vocabulary if vocabulary.sentinels else None  # None: this model cannot protect spans
+        self.alignment = Alignment.of(m.decoding.alignment)  # where markup goes back (contract/projection.py)
         # Decoding asks the graphs for what it uses only; attention outputs are fetched by `attention`.
         outputs = decoding_outputs(self.spec.layers)
         missing = set(decoder_inputs(self.spec.layers)) - {i.name for i in decoder.session.get_inputs()}
@@ -190,27 +202,30 @@ class Translator:
         """
         if self._prefix is None or self._encoder_attention is None:
             raise ManifestError(f"model {self.name} has no decoder_prefix graph: no attention maps")
-        spec = self.spec
-        ids, mask = pad_sources(sources, spec.pad_id)
-        enc = self._encoder_attention({"src_ids": ids, "src_mask": mask})
-        rows = [len(h.tokens) + int(h.finished) for h in hypotheses]
-        tgt = np.full((len(hypotheses), max(rows)), spec.pad_id, dtype=np.int64)
-        for i, (h, n) in enumerate(zip(hypotheses, rows)):
-            tgt[i, :n] = [spec.bos_id, *h.tokens][:n]
-        dec = self._prefix(
-            {"tgt_ids": tgt, "cross_keys": enc["cross_keys"], "cross_values": enc["cross_values"], "src_mask": mask}
-        )
-        out = []
-        for i, (src, n) in enumerate(zip(sources, rows)):
-            s = len(src)
-            out.append(
-                {
-                    "encoder_self_attention": enc["encoder_attentions"][i, :, :, :s, :s],
-                    "decoder_self_attention": dec["self_attentions"][i, :, :, :n, :n],
-                    "cross_attention": dec["cross_attentions"][i, :, :, :n, :s],
-                }
-            )
-        return out
+        return attention_maps(self._encoder_attention, self._prefix, self.spec, sources, hypotheses)
+
+    def to_place(self, jobs: list[Job], nbest: bool) -> list[tuple[Job, int, list[Hypothesis]]]:
+        """The returned translations (job, rank, its sentences' hypotheses) with markup or spans the search left
+        out, which :meth:`place` puts in."""
+        wanted = []
+        for job in jobs:
+            ranked = [r.results() for r in job.requests]
+            for n in range(len(ranked[0]) if nbest and ranked else 1):
+                picks = [hs[min(n, len(hs) - 1)] for hs in ranked]
+                if ranked and needs_alignment(job.plan, picks):
+                    wanted.append((job, n, picks))
+        return wanted
+
+    def place(self, wanted: list[tuple[Job, int, list[Hypothesis]]]) -> None:
+        """Where the markup and left-out spans of ``wanted`` (:meth:`to_place`) go, from each translation's word
+        alignment (one attention run for all; without a decoder_prefix graph, the diagonal). Runs graphs: call
+        it off the event loop."""
+        sources = [s.source for job, _, picks in wanted for s in job.plan.sentences]
+        hypotheses = [h for _, _, picks in wanted for h in picks]
+        maps = iter(self.attention(sources, hypotheses) if self.has_attention else [None] * len(hypotheses))
+        for job, n, picks in wanted:
+            cross = [m["cross_attention"] if m is not None else None for m in (next(maps) for _ in picks)]
+            job.inserts[n] = place(job.plan, self.tokenizer, picks, cross, self.alignment)
 
     def target_pieces(self, h: Hypothesis, sentence: Sentence) -> tuple[list[str], list[str]]:
         """(the pieces each attention row generated, the pieces each row was fed: `<s>` then the tokens)."""
@@ -223,14 +238,15 @@ class Translator:
         tok, sentences = self.tokenizer, job.plan.sentences
         ranked = [r.results() for r in job.requests]
         best = [hs[0] for hs in ranked]
-        rendered = [render(tok, h.tokens, s) for h, s in zip(best, sentences)]
+        inserts = job.inserts.get(0, [None] * len(sentences))
+        rendered = [render(tok, h.tokens, s, i) for h, s, i in zip(best, sentences, inserts)]
         restored = [ok for r in rendered for ok in r.restored]
         out = {
             "translation": job.plan.finish(rendered),
             "source_tokens": [p for s in sentences for p in labels(tok, s.source, s)],
             "target_tokens": [p for h, s in zip(best, sentences) for p in labels(tok, h.tokens, s)],
             "finished": all(h.finished for h in best),
-            "placeholders": [span | {"restored": ok} for span, ok in zip(job.plan.spans, restored)],
+            "placeholders": job.plan.placeholders(restored),
             "sentences": [
                 {"source": s.text, "translation": r.text, "finished": h.finished}
                 for s, r, h in zip(sentences, rendered, best)
@@ -243,7 +259,8 @@ class Translator:
     def _alternative(self, job: Job, ranked: list[list[Hypothesis]], n: int) -> dict:
         """The n-th best translation of a text: each sentence's n-th best (or its last, if it has fewer)."""
         picks = [hs[min(n, len(hs) - 1)] for hs in ranked]
-        rendered = [render(self.tokenizer, h.tokens, s) for h, s in zip(picks, job.plan.sentences)]
+        inserts = job.inserts.get(n, [None] * len(picks))
+        rendered = [render(self.tokenizer, h.tokens, s, i) for h, s, i in zip(picks, job.plan.sentences, inserts)]
         score = sum(h.score for h in picks)
         length = sum(len(h.tokens) + h.finished for h in picks)
         return {

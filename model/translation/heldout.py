@@ -122,11 +122,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def fetch_reserved(args: argparse.Namespace) -> dict[str, list[debian.Unpacked]]:
+def fetch_reserved(
+    args: argparse.Namespace, tools: Mapping[str, tuple[str, ...]] = RESERVED
+) -> dict[str, list[debian.Unpacked]]:
     """Each tool's packages, from the cache or apt (``--cache``, ``--offline``, ``--refresh``)."""
     return {
         name: [debian.fetch(p, args.cache, offline=args.offline, refresh=args.refresh) for p in packages]
-        for name, packages in RESERVED.items()
+        for name, packages in tools.items()
     }
 
 
@@ -137,11 +139,14 @@ class Reserved(NamedTuple):
     catalogs: dict[str, Iterable[Pair]]  # each tool's catalog pairs
 
 
-def reserved_catalogs(args: argparse.Namespace, pairs_of=sources.game_message_pairs) -> Reserved:
-    """What both held-out sets are drawn from: the reserved tools' catalogs (``pairs_of`` reads a catalog's
-    entries), and the training corpus (``--corpus``) whose near-duplicates they leave out."""
+def reserved_catalogs(
+    args: argparse.Namespace, pairs_of=sources.game_message_pairs, tools: Mapping[str, tuple[str, ...]] = RESERVED
+) -> Reserved:
+    """What the held-out sets are drawn from: the reserved tools' catalogs (``pairs_of`` reads a catalog's
+    entries; ``tools``, other packages than :data:`RESERVED`), and the training corpus (``--corpus``)
+    whose near-duplicates they leave out."""
     train, _ = read_tsv(args.corpus / "train.tsv")
-    unpacked = fetch_reserved(args)
+    unpacked = fetch_reserved(args, tools)
     catalogs = {
         name: sources.read_game_catalogs([u.root for u in found], LOCALE_DIR, not args.no_progress, pairs_of)
         for name, found in unpacked.items()
@@ -159,8 +164,8 @@ def set_stats(
         "splits": {"test": len(pairs)},
         **extra,
         "sources": {
-            name: {"packages": {u.name: u.version for u in reserved.unpacked[name]}, "stages": counts[name]}
-            for name in RESERVED
+            name: {"packages": {u.name: u.version for u in found}, "stages": counts[name]}
+            for name, found in reserved.unpacked.items()
         },
         "excluded": {"corpus": str(args.corpus), "train_pairs": reserved.train_pairs},
         "command": command,

@@ -131,6 +131,8 @@ async def _decode(
 
 
 async def answer(translator: Translator, jobs: list[Job], nbest: bool, store: KeyedStore | None) -> dict:
+    if wanted := translator.to_place(jobs, nbest):  # markup and left-out spans, by alignment
+        await asyncio.to_thread(translator.place, wanted)
     results = [translator.result(job, nbest) for job in jobs]
     if store is not None:
         await _attach_attention(results, jobs, translator, store)
