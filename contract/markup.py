@@ -121,6 +121,7 @@ class Segment:
 
     plain: str
     elements: tuple[Element, ...] = ()
+    quote: str = ""  # the quote around it, where it is an attribute's value: escaped in its translation
 
 
 def find_tags(text: str) -> list[Tag]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from contract.constraints import Constraint, SentinelVocabulary
 from contract.decoding import DecodeRequest, Graph, Hypothesis, pad_sources, run_to_end
+from contract.html_text import html_parts
 from contract.markup import Element, Segment, split_markup
 from contract.placeholders import (
     Accelerator,
@@ -52,6 +53,7 @@ class Sentence:
     masked: Masked | None = None  # None: nothing protected
     constraint: Constraint | None = None
     offset: int = 0  # where ``text`` starts in the plan's plain text
+    quote: str = ""  # an HTML attribute value's quote, escaped in its translation
 
 
 @dataclass
@@ -91,22 +93,28 @@ class TextPlan:
     def finish(self, rendered: Sequence[Rendered]) -> str:
         """The translation of the whole text from its sentences' translations, in order."""
         parts = [self.gaps[0]]
-        for r, gap in zip(rendered, self.gaps[1:]):
-            parts += [r.text, gap]
+        for r, s, gap in zip(rendered, self.sentences, self.gaps[1:]):
+            parts += [r.text.replace(s.quote, "&quot;" if s.quote == '"' else "&#39;") if s.quote else r.text, gap]
         return place_accelerator("".join(parts), self.accelerator)
 
 
-def plan_text(text: str, tokenizer, vocabulary: SentinelVocabulary | None, markup: bool = True) -> TextPlan:
+def plan_text(
+    text: str, tokenizer, vocabulary: SentinelVocabulary | None, markup: bool = True, html: bool = False
+) -> TextPlan:
     """Split ``text`` into sentences and mask each one's protected spans (``vocabulary`` None: mask nothing, and
     leave markup in the text); inline markup is taken out of the sentences (``contract/markup.py``; ``markup``
-    False: tags are masked spans like the others, placed by the search).
+    False: tags are masked spans like the others, placed by the search). ``html``: ``text`` is an HTML document
+    or fragment (``contract/html_text.py``).
 
     Raises :class:`contract.placeholders.TooManySpans` when a sentence has more spans than free sentinels."""
-    plain, accelerator = strip_accelerator(text) if vocabulary is not None else (text, None)
-    parts = split_markup(plain) if vocabulary is not None and markup else []
+    if html:
+        plain, accelerator, parts = text, None, html_parts(text)
+    else:
+        plain, accelerator = strip_accelerator(text) if vocabulary is not None else (text, None)
+        parts = split_markup(plain) if vocabulary is not None and markup else []
     if not any(isinstance(p, Segment) for p in parts):  # no markup to take out, or no words outside it
-        parts = [Segment(plain)]
-    texts, offsets, gaps, elements, gap, at = [], [], [], [], "", 0
+        parts = [Segment(plain)] if not html else parts
+    texts, offsets, quotes, gaps, elements, gap, at = [], [], [], [], [], "", 0
     for part in parts:
         if isinstance(part, str):
             gap, at = gap + part, at + len(part)
@@ -122,6 +130,7 @@ def plan_text(text: str, tokenizer, vocabulary: SentinelVocabulary | None, marku
             gaps.append(gap + part.plain[cursor:a])
             texts.append(part.plain[a:b])
             offsets.append(at + a)
+            quotes.append(part.quote)
             gap, cursor = "", b
         gap, at = part.plain[cursor:], at + len(part.plain)
     gaps.append(gap)
@@ -129,13 +138,13 @@ def plan_text(text: str, tokenizer, vocabulary: SentinelVocabulary | None, marku
     masks = [m if m is not None and m.spans else None for m in masks]
     ids = tokenizer.encode_batch([m.text if m else t for t, m in zip(texts, masks)], add_eos=True)
     sentences = []
-    for t, m, source, offset in zip(texts, masks, ids, offsets):
+    for t, m, source, offset, quote in zip(texts, masks, ids, offsets, quotes):
         constraint = None
         if m is not None:
             after = [s.after for s in m.spans]
             apart = [right is None for _, right in m.glued]
             constraint = Constraint.for_text(m.text, m.sentinels, vocabulary, after, tokenizer.eos_id, apart)
-        sentences.append(Sentence(t, source, m, constraint, offset))
+        sentences.append(Sentence(t, source, m, constraint, offset, quote))
     return TextPlan(text, sentences, gaps, accelerator, tuple(elements))
 
 

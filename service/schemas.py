@@ -179,6 +179,12 @@ class TranslateRequest(BaseModel):
         description="Mask printf/brace placeholders, tags, entities and escapes before decoding, make the search "
         "place each exactly once, and restore them (`placeholders` in the answer); false: translate the text as is.",
     )
+    format: Literal["text", "html"] = Field(
+        "text",
+        description='`"html"`: each text is an HTML fragment or page. Block elements are translated as segments, '
+        "inline tags put back around the words they wrapped; scripts, styles, `pre`, `code`, comments and every "
+        "attribute but `title` and `alt` are kept as they are.",
+    )
     stream: bool = Field(
         False,
         description="Answer `text/event-stream`: a `token` event per generated token "

@@ -239,6 +239,9 @@ class Settings(BaseSettings):
     )
     max_texts_per_request: int = Field(32, ge=1, description="Translation: most texts in one request (422 beyond).")
     max_text_chars: int = Field(2000, ge=1, description="Translation: longest text in characters (413 beyond).")
+    max_html_chars: int = Field(
+        200_000, ge=1, description='Translation: longest `format: "html"` document in characters (413 beyond).'
+    )
     max_source_tokens: int = Field(256, ge=1, description="Translation: longest text in tokens (413 beyond).")
     max_new_tokens: int = Field(256, ge=1, description="Translation: cap on generated tokens per text.")
     max_beam_size: int = Field(8, ge=1, le=64, description="Translation: largest `beam_size` a request may ask for.")

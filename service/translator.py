@@ -54,6 +54,7 @@ class Limits:
     max_source_tokens: int
     max_new_tokens: int
     max_beam_size: int
+    max_html_chars: int = 200_000
 
 
 @dataclass
@@ -136,10 +137,11 @@ class Translator:
         num_return_sequences: int,
         max_new_tokens: int | None,
         protect: bool = True,
+        html: bool = False,
     ) -> list[Job]:
         """Check every option against the limits, split every text into sentences and mask its protected spans
-        (``protect``), tokenise and check each sentence, once, before the queue: one job per text, with a
-        decoding request per sentence, its generation limit resolved."""
+        (``protect``), tokenise and check each sentence, once, before the queue: one job per text (``html``: an HTML
+        document), with a decoding request per sentence, its generation limit resolved."""
         if beam_size > limits.max_beam_size:
             raise InvalidField(f"beam_size: must be at most {limits.max_beam_size}")
         if num_return_sequences > beam_size:
@@ -149,12 +151,14 @@ class Translator:
             raise InvalidField(f"max_new_tokens {max_new_tokens} exceeds the limit of {most}")
         jobs = []
         for i, text in enumerate(texts):
-            if len(text) > limits.max_chars:
-                raise TextTooLong(f"texts[{i}] has {len(text)} characters; the limit is {limits.max_chars}")
+            most_chars = limits.max_html_chars if html else limits.max_chars
+            if len(text) > most_chars:
+                raise TextTooLong(f"texts[{i}] has {len(text)} characters; the limit is {most_chars}")
             if not normalize_text(text):
                 raise InvalidField(f"texts[{i}] is empty or only whitespace")
             try:
-                plan = plan_text(text, self.tokenizer, self.sentinels if protect and self.sentinels else None)
+                vocabulary = self.sentinels if protect and self.sentinels else None
+                plan = plan_text(text, self.tokenizer, vocabulary, html=html)
             except TooManySpans as e:
                 raise InvalidField(f"texts[{i}]: {e}") from e
             job = Job(plan)
@@ -252,7 +256,7 @@ class Translator:
                 for s, r, h in zip(sentences, rendered, best)
             ],
         }
-        if nbest:
+        if nbest and ranked:
             out["nbest"] = [self._alternative(job, ranked, n) for n in range(len(ranked[0]))]
         return out
 

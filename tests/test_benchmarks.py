@@ -474,6 +474,17 @@ def test_bench_constraints_prices_the_constraint_within_a_step():
         assert 0.5 < float(low) <= float(high) < 2.0 and 0.5 < float(ratio) < 2.0, proc.stdout
 
 
+def test_bench_markup_prices_markup_against_the_same_messages_stripped():
+    """The shipped models through the service: greedy and beam 4 rows, each with both p50s and a ratio inside its
+    rounds' spread."""
+    proc = run_module("benchmarks.bench_markup", "--rounds", "2", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(r"^(greedy|beam 4) +([\d.]+) +([\d.]+) +([\d.]+)  ([\d.]+)-([\d.]+)$", proc.stdout, re.MULTILINE)
+    assert [name for name, *_ in rows] == ["greedy", "beam 4"], proc.stdout
+    for _, marked, plain, ratio, low, high in rows:
+        assert 0 < float(plain) and 0 < float(marked) and float(low) <= float(ratio) <= float(high), proc.stdout
+
+
 def test_bench_response_cache_measures_hits_and_throughput_off_cold_and_warm(tmp_path):
     """Three small catalogs sharing strings, on the shipped models: the cold pass hits exactly the strings
     an earlier catalog had, the warm pass every string, and every row has its figures."""

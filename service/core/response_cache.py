@@ -81,6 +81,7 @@ class TranslationOptions:
     """Every option of a translation that changes its answer, as resolved for the request (defaults applied)."""
 
     protect_placeholders: bool  # whether spans are masked: asked for and the model has sentinels
+    format: str  # "text" or "html"
     beam_size: int
     length_penalty: float
     num_return_sequences: int

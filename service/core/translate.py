@@ -46,12 +46,17 @@ def decode_jobs(
     jobs = translator.jobs(
         body.all_texts,
         protect=body.protect_placeholders,
+        html=body.format == "html",
         beam_size=options.beam_size,
         length_penalty=options.length_penalty,
         num_return_sequences=options.num_return_sequences,
         max_new_tokens=options.max_new_tokens,
         limits=Limits(
-            settings.max_text_chars, settings.max_source_tokens, settings.max_new_tokens, settings.max_beam_size
+            settings.max_text_chars,
+            settings.max_source_tokens,
+            settings.max_new_tokens,
+            settings.max_beam_size,
+            settings.max_html_chars,
         ),
     )
     return translator, scheduler, jobs, options
@@ -62,6 +67,7 @@ def resolved_options(translator: Translator, settings: Settings, body: Translate
     default_beam = 1 if body.stream else translator.default_beam  # a stream's tokens come from greedy decoding
     return TranslationOptions(
         protect_placeholders=body.protect_placeholders and translator.sentinels is not None,
+        format=body.format,
         beam_size=default_beam if body.beam_size is None else body.beam_size,
         length_penalty=float(
             translator.default_length_penalty if body.length_penalty is None else body.length_penalty

@@ -33,6 +33,7 @@ from tests.service.service_testing import free_port
 MODEL = ModelIdentity("translator", "3", "fp32", "a" * 64, "CPUExecutionProvider")
 OPTIONS = TranslationOptions(
     protect_placeholders=True,
+    format="text",
     beam_size=4,
     length_penalty=1.0,
     num_return_sequences=1,
@@ -55,6 +56,7 @@ def test_the_same_request_has_the_same_key_and_it_names_its_operation():
     "change",
     [
         {"protect_placeholders": False},
+        {"format": "html"},
         {"beam_size": 1},
         {"length_penalty": 0.6},
         {"num_return_sequences": 2},
@@ -71,6 +73,7 @@ def test_every_option_of_a_translation_is_in_its_key():
     """A new field of TranslationOptions must be part of the test above: the key covers every field."""
     assert {f.name for f in dataclasses.fields(TranslationOptions)} == {
         "protect_placeholders",
+        "format",
         "beam_size",
         "length_penalty",
         "num_return_sequences",

@@ -1,0 +1,106 @@
+"""An HTML fragment or page as what is kept verbatim and what is translated (``format: "html"``).
+
+:func:`html_parts` cuts a document the way :func:`contract.markup.split_markup` cuts a message, with what
+HTML adds:
+
+- nothing inside ``<script>``, ``<style>``, ``<pre>``, ``<code>``, ``<textarea>``, comments, ``<!DOCTYPE>`` or
+  processing instructions is translated, nor any attribute but ``title`` and ``alt``;
+- every block element (``<p>``, ``<li>``, ``<h1>``, ``<td>`` ...) and line break ends a segment; the text and
+  inline elements (``<b>``, ``<a href>``, ``<span>``, ``<em>``, ``<img>``) between two of them are one
+  segment, whose inline tags are put back by alignment (``contract/projection.py``);
+- whitespace inside a segment is one space (HTML renders it so), the whitespace around it is kept as it is;
+- character references that stand for text (``&quot;``, ``&uuml;``, ``&#8217;``) are read as the characters
+  they stand for; ``&lt;``, ``&gt;``, ``&amp;`` and ``&nbsp;`` stay as they are (protected spans);
+- the ``title`` and ``alt`` of a tag that ends a segment (``<img alt="…">``, ``<p title="…">``) are segments of
+  their own; an inline tag's are kept as they are.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from contract.markup import BLOCK, BREAKS, Segment, split_markup
+from contract.placeholders import _SPANS as SPANS
+
+_VERBATIM = re.compile(
+    r"<!--.*?-->|<!\[CDATA\[.*?\]\]>|<![^>]*>|<\?.*?>"
+    r"|<(script|style|pre|code|textarea)\b[^>]*>.*?</\1\s*>",
+    re.DOTALL | re.IGNORECASE,
+)
+_NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
+_ATTRIBUTE = re.compile(r"""\b(title|alt)\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
+_KEPT_ENTITIES = frozenset({"&lt;", "&gt;", "&amp;", "&nbsp;", "&#60;", "&#62;", "&#38;", "&#160;"})
+_ENTITY = re.compile(r"&(?:[A-Za-z][A-Za-z0-9]{1,31}|#\d{1,7}|#[xX][0-9A-Fa-f]{1,6});")
+SEPARATORS = BLOCK | BREAKS | {"img", "hr", "input", "select", "option", "button", "iframe", "object", "video"}
+
+
+def _text(raw: str) -> str:
+    """Character references that stand for text, read as their characters; the others kept."""
+    return _ENTITY.sub(lambda m: m.group() if m.group().lower() in _KEPT_ENTITIES else html.unescape(m.group()), raw)
+
+
+def _separator_tag(tag: str) -> list[str | Segment]:
+    """A tag that ends a segment, its ``title``/``alt`` values as segments of their own."""
+    out: list[str | Segment] = []
+    cursor = 0
+    for m in _ATTRIBUTE.finditer(tag):
+        group = 2 if m.group(2) is not None else 3
+        value = m.group(group)
+        if not any(c.isalpha() for c in value):
+            continue
+        quote = '"' if group == 2 else "'"
+        out += [tag[cursor : m.start(group)], Segment(" ".join(_text(value).split()), quote=quote)]
+        cursor = m.end(group)
+    out.append(tag[cursor:])
+    return out
+
+
+def _inline(run: str) -> list[str | Segment]:
+    """A run of text and inline tags: one or more segments (``split_markup``) with its outer whitespace kept."""
+    lead, trail = len(run) - len(run.lstrip()), len(run.rstrip())
+    body = run[lead:trail]
+    if not any(c.isalpha() for c in SPANS.sub(" ", body)):
+        return [run]
+    return [run[:lead], *split_markup(" ".join(_text(body).split())), run[trail:]]
+
+
+def html_parts(document: str) -> list[str | Segment]:
+    """``document`` as verbatim strings and segments to translate, in order (``"".join`` of the strings and the
+    segments' translations, their elements put back, is the translated document)."""
+    out: list[str | Segment] = []
+    cursor, run = 0, []  # run: the text and inline tags since the last separator
+
+    def close_run() -> None:
+        if run:
+            out.extend(_inline("".join(run)))
+            run.clear()
+
+    pieces = []  # (start, end, kind): "verbatim", "tag"
+    for m in _VERBATIM.finditer(document):
+        pieces.append((m.start(), m.end(), "verbatim"))
+    verbatim = list(pieces)
+    for m in SPANS.finditer(document):
+        if m.lastgroup == "tag" and not any(a <= m.start() < b for a, b, _ in verbatim):
+            pieces.append((m.start(), m.end(), "tag"))
+    for start, end, kind in sorted(pieces):
+        if start < cursor:
+            continue
+        run.append(document[cursor:start])
+        raw = document[start:end]
+        name = _NAME.match(raw).group(1).lower() if kind == "tag" else ""
+        if kind == "verbatim" or name in SEPARATORS:
+            close_run()
+            out.extend(_separator_tag(raw) if kind == "tag" else [raw])
+        else:
+            run.append(raw)
+        cursor = end
+    run.append(document[cursor:])
+    close_run()
+    merged: list[str | Segment] = []
+    for p in out:
+        if isinstance(p, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += p
+        elif p != "":
+            merged.append(p)
+    return merged
