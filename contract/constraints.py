@@ -16,6 +16,9 @@ sets to ``-inf``, in each of the request's rows:
 - right after a sentinel whose span stood apart in the source (``%d files``), every piece that would go on
   with the same word or glue one to it with a hyphen (``Q`` + ``ie``, ``%d-Dateien``): a sentinel is a word
   of its own, as masking wrote it;
+- once a hypothesis lacking a span is longer than ``LATE_BUDGET`` times its source
+  (``contract/decoding.py``), every token but the sentinels that may come next and the end: it places one
+  now or ends, its spans left to the alignment;
 - and, when the tokens a hypothesis may still emit are no more than the sentinels it lacks, every
   token but those sentinels (so the length limit cannot cut one off).
 
@@ -127,8 +130,8 @@ class Constraint:
                     ready += ids
                 else:
                     waiting += ids
-            if forced:  # only the sentinels that can come next
-                self._masks[key] = np.array(sorted(ready), dtype=np.int64)
+            if forced:  # only the sentinels that can come next (and, past the budget, the end)
+                self._masks[key] = np.array(sorted(ready + ([self.eos] if forced == LATE else [])), dtype=np.int64)
             else:
                 extra = [self.eos] if state != self.complete else []
                 parts = [self.banned, np.array(waiting + extra, dtype=np.int64)] + ([self.continuing] if glued else [])
@@ -136,7 +139,8 @@ class Constraint:
         return self._masks[key]
 
 
-Limit = tuple[list[int], "Constraint", int, bool, bool]  # rows, constraint, placed set, must place now, glued
+NOW, LATE = 1, 2  # must place a sentinel now (the length limit is near); place one or end (past the budget)
+Limit = tuple[list[int], "Constraint", int, int, bool]  # rows, constraint, placed set, 0/NOW/LATE, glued
 
 
 def apply(log_probs: np.ndarray, limits: Sequence[Limit]) -> None:

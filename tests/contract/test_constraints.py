@@ -108,10 +108,18 @@ def test_the_length_limit_cannot_cut_a_sentinel_off(beam):
 
 
 @pytest.mark.parametrize("beam", [1, 3])
+def test_past_its_budget_a_hypothesis_places_its_spans_or_ends(beam):
+    """CHATTY wants words and never a sentinel; past 1.5 tokens per source token (3 here) it must place one."""
+    assert counts(decode({A: CHATTY}, 1, limit=20)[0].tokens) == (0, 0)
+    best = decode({A: CHATTY}, beam, limit=20, c=constraint())[0]
+    assert counts(best.tokens) == (1, 1) and best.tokens.index(S2) <= 5, best.tokens
+
+
+@pytest.mark.parametrize("beam", [1, 3])
 def test_a_guarded_piece_the_source_has_no_use_for_is_never_written(beam):
     assert PCT in decode({A: INVENTS}, 1)[0].tokens
-    for h in decode({A: INVENTS}, beam, c=constraint()):
-        assert PCT not in h.tokens and counts(h.tokens) == (1, 1)
+    hyps = decode({A: INVENTS}, beam, c=constraint())
+    assert all(PCT not in h.tokens for h in hyps) and counts(hyps[0].tokens) == (1, 1)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
