@@ -3,8 +3,11 @@
 :func:`html_parts` cuts a document the way :func:`contract.markup.split_markup` cuts a message, with what
 HTML adds:
 
-- nothing inside ``<script>``, ``<style>``, ``<pre>``, ``<code>``, ``<textarea>``, comments, ``<!DOCTYPE>`` or
-  processing instructions is translated, nor any attribute but ``title`` and ``alt``;
+- nothing inside ``<script>``, ``<style>``, ``<pre>``, ``<textarea>``, comments, ``<!DOCTYPE>`` or processing
+  instructions is translated, nor any attribute but ``title`` and ``alt``;
+- ``<code>``, ``<samp>``, ``<tt>`` and ``<var>`` elements are kept whole too, but inside the sentence they
+  belong to: each stands in it as a protected span (:data:`CODE`), which the search places like a
+  placeholder and :meth:`contract.translation_text.TextPlan.finish` replaces by the element;
 - every block element (``<p>``, ``<li>``, ``<h1>``, ``<td>`` ...) and line break ends a segment; the text and
   inline elements (``<b>``, ``<a href>``, ``<span>``, ``<em>``, ``<img>``) between two of them are one
   segment, whose inline tags are put back by alignment (``contract/projection.py``);
@@ -25,7 +28,7 @@ from contract.placeholders import _SPANS as SPANS
 
 _VERBATIM = re.compile(
     r"<!--.*?-->|<!\[CDATA\[.*?\]\]>|<![^>]*>|<\?.*?>"
-    r"|<(script|style|pre|code|textarea)\b[^>]*>.*?</\1\s*>",
+    r"|<(script|style|pre|textarea|code|samp|tt|var)\b[^>]*>.*?</\1\s*>",
     re.DOTALL | re.IGNORECASE,
 )
 _NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
@@ -33,6 +36,8 @@ _ATTRIBUTE = re.compile(r"""\b(title|alt)\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.I
 _KEPT_ENTITIES = frozenset({"&lt;", "&gt;", "&amp;", "&nbsp;", "&#60;", "&#62;", "&#38;", "&#160;"})
 _ENTITY = re.compile(r"&(?:[A-Za-z][A-Za-z0-9]{1,31}|#\d{1,7}|#[xX][0-9A-Fa-f]{1,6});")
 SEPARATORS = BLOCK | BREAKS | {"img", "hr", "input", "select", "option", "button", "iframe", "object", "video"}
+INLINE_CODE = frozenset({"code", "samp", "tt", "var"})
+CODE = "{{_attnserve_code_{}}}"  # what stands for the n-th inline code element: a brace span, kept verbatim
 
 
 def _text(raw: str) -> str:
@@ -65,10 +70,12 @@ def _inline(run: str) -> list[str | Segment]:
     return [run[:lead], *split_markup(" ".join(_text(body).split())), run[trail:]]
 
 
-def html_parts(document: str) -> list[str | Segment]:
-    """``document`` as verbatim strings and segments to translate, in order (``"".join`` of the strings and the
-    segments' translations, their elements put back, is the translated document)."""
+def html_parts(document: str) -> tuple[list[str | Segment], dict[str, str]]:
+    """``document`` as verbatim strings and segments to translate, in order, and what each :data:`CODE` in them
+    stands for (``"".join`` of the strings and the segments' translations, their elements put back and their
+    code put in, is the translated document)."""
     out: list[str | Segment] = []
+    codes: dict[str, str] = {}
     cursor, run = 0, []  # run: the text and inline tags since the last separator
 
     def close_run() -> None:
@@ -78,7 +85,7 @@ def html_parts(document: str) -> list[str | Segment]:
 
     pieces = []  # (start, end, kind): "verbatim", "tag"
     for m in _VERBATIM.finditer(document):
-        pieces.append((m.start(), m.end(), "verbatim"))
+        pieces.append((m.start(), m.end(), "code" if (m.group(1) or "").lower() in INLINE_CODE else "verbatim"))
     verbatim = list(pieces)
     for m in SPANS.finditer(document):
         if m.lastgroup == "tag" and not any(a <= m.start() < b for a, b, _ in verbatim):
@@ -89,7 +96,10 @@ def html_parts(document: str) -> list[str | Segment]:
         run.append(document[cursor:start])
         raw = document[start:end]
         name = _NAME.match(raw).group(1).lower() if kind == "tag" else ""
-        if kind == "verbatim" or name in SEPARATORS:
+        if kind == "code":
+            codes[token := CODE.format(len(codes))] = raw
+            run.append(token)
+        elif kind == "verbatim" or name in SEPARATORS:
             close_run()
             out.extend(_separator_tag(raw) if kind == "tag" else [raw])
         else:
@@ -103,4 +113,4 @@ def html_parts(document: str) -> list[str | Segment]:
             merged[-1] += p
         elif p != "":
             merged.append(p)
-    return merged
+    return merged, codes

@@ -3,8 +3,9 @@
 Software strings hold text that a program fills in or parses at run time: printf conversions
 (``%s``, ``%5.2f``, ``%1$s``, ``%(name)s``, ``%%``), positional ``%1`` and ``%1%``, named
 ``%PRODUCTNAME``, any other ``%`` and letter (``%Y``, ``%_d``: dates), braces (``{name}``, ``{0}``,
-``{0:N2}``, ``{}``), XML/HTML tags and entities, backslash escapes (``\\n``, ``\\t``, ``\\x41``) and
-percent-encoded bytes (``%0A``). :func:`find_spans` finds them; :func:`mask` replaces each by a
+``{0:N2}``, ``{}``), XML/HTML tags and entities, web and mail addresses (``https://debian.org/``,
+``kget@kde.org``: a translation that rewrites one points nowhere), backslash escapes (``\\n``, ``\\t``,
+``\\x41``) and percent-encoded bytes (``%0A``). :func:`find_spans` finds them; :func:`mask` replaces each by a
 *sentinel*, a string the translator's tokenizer keeps as one token (the manifest names them), so the
 model translates the words around it and the decoder's constrained search (``contract/constraints.py``)
 emits each sentinel exactly once; :func:`restore` puts the originals back where the model put their
@@ -47,12 +48,16 @@ _SPANS = re.compile(
     | (?P<strftime>%[-_0^\#]?[EO]?[A-Za-z])                           # dates and others: %Y %H %_d %Oy %L
     | (?P<brace>\{\{|\}\}|\{[A-Za-z_0-9]*(?:[.\[][\w\]\[.]*)?(?:![rsa])?(?::[^{}\s]*)?\})  # {name} {0} {0:N2} {} {{
     | (?P<tag></?[A-Za-z][\w:.-]*(?:\s+[\w:.-]+(?:\s*=\s*(?:"[^"]*"|'[^']*'|[^\s"'<>]+))?)*\s*/?>)
+    | (?P<url>(?:https?|ftp)://[^\s<>"'{}]*[^\s<>"'{}.,;:!?)\]]                 # https://example.org/a
+      | www\.[A-Za-z0-9-]+\.[^\s<>"'{}]*[^\s<>"'{}.,;:!?)\]]                     # www.debian.org
+      | (?<![\w.@-])[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:org|com|net|edu|gov|io|info|de|eu)\b(?![\w-])  # security.debian.org
+      | [A-Za-z0-9._+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)                     # kget@kde.org
     | (?P<entity>&(?:[A-Za-z][A-Za-z0-9]{1,31}|\#\d{1,7}|\#[xX][0-9A-Fa-f]{1,6});)
     | (?P<escape>\\(?:x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|[0-7]{1,3}|[nrtabfve\\"']))
     """,
     re.VERBOSE,
 )
-KINDS = ("printf", "percent", "positional", "name", "strftime", "brace", "tag", "entity", "escape")
+KINDS = ("printf", "percent", "positional", "name", "strftime", "brace", "tag", "url", "entity", "escape")
 _TAG_NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
 
 

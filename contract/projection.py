@@ -194,25 +194,34 @@ def inserts(
             continue
         ranges.append((_word_start(pieces, lo, bounds[owner[lo]][0]), _word_end(pieces, hi, bounds[owner[hi]][1])))
     ranges = nest(ranges, [e.parent for e in elements])
-    depth = [0] * len(elements)
+    events: dict[int, list[tuple[str, bool | None]]] = {}  # boundary -> (tag text, closing; None: a point), in order
+    children: dict[int | None, list[int]] = {}
     for n, e in enumerate(elements):
-        depth[n] = 0 if e.parent is None else depth[e.parent] + 1
+        children.setdefault(e.parent, []).append(n)
+
+    def emit(parent: int | None) -> None:  # depth first, siblings by their ranges: the tags in document order
+        for n in sorted(children.get(parent, []), key=lambda n: (ranges[n], n)):
+            (lo, hi), e = ranges[n], elements[n]
+            if lo == hi and n not in children:
+                events.setdefault(lo, []).append((e.open + e.close, None))
+                continue
+            events.setdefault(lo, []).append((e.open, False))
+            emit(n)
+            events.setdefault(hi, []).append((e.close, True))
+
+    emit(None)
     out: list[Inserts] = [{} for _ in sentences]
-    at_boundary: dict[int, list[tuple[tuple, str, bool, int | None]]] = {}
-    for n, (e, (lo, hi)) in enumerate(zip(elements, ranges)):
-        if lo == hi:
-            at_boundary.setdefault(lo, []).append(((1, depth[n], n), e.open + e.close, True, None))
-            continue
-        at_boundary.setdefault(lo, []).append(((2, -hi, depth[n], n), e.open, True, None))
-        at_boundary.setdefault(hi, []).append(((0, 0, -lo, -depth[n], -n), e.close, False, None))
+
+    def put(g: int, i: int, text: str, opening: bool) -> None:
+        local = min(max(g - bounds[i][0], 0), bounds[i][1] - bounds[i][0])
+        out[i].setdefault(local, ([], []))[int(opening)].append(text)
+
+    for g, items in events.items():  # up to the last closing tag, before the next word's space; the rest after
+        last = max((k for k, (_, closing) in enumerate(items) if closing), default=-1)
+        for k, (text, _) in enumerate(items):
+            put(g, _sentence_of(g, bounds, k > last), text, k > last)
     for pos, sentence, marker in points:  # a span's mark stays in its own sentence, where it is restored
-        g = after_source(pos, sentence)
-        at_boundary.setdefault(g, []).append(((0, 1, 0, 0), " " + marker, False, sentence))
-    for g, items in at_boundary.items():
-        for _, text, opening, sentence in sorted(items, key=lambda x: x[0]):
-            i = _sentence_of(g, bounds, opening) if sentence is None else sentence
-            local = min(max(g - bounds[i][0], 0), bounds[i][1] - bounds[i][0])
-            out[i].setdefault(local, ([], []))[int(opening)].append(text)
+        put(after_source(pos, sentence), sentence, " " + marker, False)
     return out
 
 

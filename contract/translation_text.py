@@ -75,11 +75,20 @@ class TextPlan:
     gaps: list[str]
     accelerator: Accelerator | None
     elements: tuple[Element, ...] = ()
+    codes: dict[str, str] = field(default_factory=dict)  # what stands for an HTML code element -> the element
+    html: bool = False
 
     def placeholders(self, restored: Sequence[bool]) -> list[dict]:
         """Every protected span of the text in order, with whether it came back (``restored``: per masked span,
-        in order); markup taken out of the sentences or kept between them always does."""
+        in order); markup taken out of the sentences or kept between them always does. An HTML document's are
+        those of its translated text alone."""
         masked = [s for sentence in self.sentences if sentence.masked for s in sentence.masked.spans]
+        if self.html:
+            return [
+                {"text": s.text, "kind": s.kind, "restored": ok}
+                for s, ok in zip(masked, restored)
+                if s.text not in self.codes
+            ]
         flags, out, k = list(restored), [], 0
         plain = strip_accelerator(self.text)[0] if self.accelerator else self.text
         for span in find_spans(plain):
@@ -95,7 +104,10 @@ class TextPlan:
         parts = [self.gaps[0]]
         for r, s, gap in zip(rendered, self.sentences, self.gaps[1:]):
             parts += [r.text.replace(s.quote, "&quot;" if s.quote == '"' else "&#39;") if s.quote else r.text, gap]
-        return place_accelerator("".join(parts), self.accelerator)
+        text = "".join(parts)
+        for token, code in self.codes.items():
+            text = text.replace(token, code)
+        return place_accelerator(text, self.accelerator)
 
 
 def plan_text(
@@ -107,8 +119,9 @@ def plan_text(
     or fragment (``contract/html_text.py``).
 
     Raises :class:`contract.placeholders.TooManySpans` when a sentence has more spans than free sentinels."""
+    codes: dict[str, str] = {}
     if html:
-        plain, accelerator, parts = text, None, html_parts(text)
+        (parts, codes), plain, accelerator = html_parts(text), text, None
     else:
         plain, accelerator = strip_accelerator(text) if vocabulary is not None else (text, None)
         parts = split_markup(plain) if vocabulary is not None and markup else []
@@ -145,7 +158,7 @@ def plan_text(
             apart = [right is None for _, right in m.glued]
             constraint = Constraint.for_text(m.text, m.sentinels, vocabulary, after, tokenizer.eos_id, apart)
         sentences.append(Sentence(t, source, m, constraint, offset, quote))
-    return TextPlan(text, sentences, gaps, accelerator, tuple(elements))
+    return TextPlan(text, sentences, gaps, accelerator, tuple(elements), codes, html)
 
 
 def render(tokenizer, tokens: Sequence[int], sentence: Sentence, inserts: Inserts | None = None) -> Rendered:

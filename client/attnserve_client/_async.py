@@ -15,7 +15,7 @@ import httpx
 
 from attnserve_client import _calls, po
 from attnserve_client._base import BaseClient, Call
-from attnserve_client._calls import RolloutFusion
+from attnserve_client._calls import RolloutFusion, TextFormat
 from attnserve_client._images import ImageInput
 from attnserve_client._streaming import AsyncTranslationStream
 from attnserve_client._sync import Client
@@ -73,6 +73,7 @@ class AsyncClient(BaseClient):
         length_penalty: float | None = None,
         model: str | None = None,
         return_attention: bool = False,
+        format: TextFormat = "text",
     ) -> TranslateResponse:
         return await self._call(
             _calls.translate(
@@ -83,6 +84,7 @@ class AsyncClient(BaseClient):
                 num_return_sequences=num_return_sequences,
                 model=model,
                 return_attention=return_attention,
+                format=format,
             )
         )
 

@@ -25,6 +25,7 @@ from attnserve_client.types import (
 
 M = TypeVar("M", bound=BaseModel)
 RolloutFusion = Literal["mean", "max"]
+TextFormat = Literal["text", "html"]
 
 
 def _parser(model: type[M]):
@@ -71,8 +72,12 @@ def translate(
     length_penalty: float | None,
     model: str | None,
     return_attention: bool,
+    format: TextFormat = "text",
     stream: bool = False,
 ) -> Call[Any]:
+    """``format`` goes in the body only when it is not ``"text"``, the default: a service older than
+    ``format`` still translates plain text, and refuses (422) a format it does not know rather than
+    translating HTML as text."""
     texts = {"text": text_or_texts} if isinstance(text_or_texts, str) else {"texts": list(text_or_texts)}
     body = {
         **texts,
@@ -85,6 +90,7 @@ def translate(
             length_penalty=length_penalty,
             return_attention=return_attention,
         ),
+        **({} if format == "text" else {"format": format}),
     }
     if stream:
         return Call("POST", "/translate", lambda response: response, json=body, accept="text/event-stream", stream=True)

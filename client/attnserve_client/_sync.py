@@ -11,7 +11,7 @@ import httpx
 
 from attnserve_client import _calls, po
 from attnserve_client._base import BaseClient, Call
-from attnserve_client._calls import RolloutFusion
+from attnserve_client._calls import RolloutFusion, TextFormat
 from attnserve_client._images import ImageInput
 from attnserve_client._streaming import TranslationStream
 from attnserve_client.errors import PayloadTooLargeError
@@ -81,11 +81,14 @@ class Client(BaseClient):
         length_penalty: float | None = None,
         model: str | None = None,
         return_attention: bool = False,
+        format: TextFormat = "text",
     ) -> TranslateResponse:
         """English to German, one result per text. Options left as None keep the service's defaults
         (the model's default beam size and length penalty, a length limit from the source length).
         ``num_return_sequences`` > 1 adds an n-best list (at most the beam size); ``return_attention`` adds
-        the source-target alignment.
+        the source-target alignment. ``format="html"``: each text is an HTML fragment or page, translated
+        block by block with its tags put back; scripts, styles, ``pre``, ``code``, comments and every
+        attribute but ``title``/``alt`` stay as they are.
         """
         return self._call(
             _calls.translate(
@@ -96,6 +99,7 @@ class Client(BaseClient):
                 num_return_sequences=num_return_sequences,
                 model=model,
                 return_attention=return_attention,
+                format=format,
             )
         )
 

@@ -4,6 +4,7 @@
     attnserve-client translate "Open the file." --stream
     attnserve-client translate - < sentences.txt --json
     attnserve-client po translate messages.pot -o de.po
+    attnserve-client html translate page.html          # writes page.de.html
     attnserve-client models
 
 Exit status: 0 on success, 1 when the service answered an error or could not be reached (the
@@ -21,9 +22,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from attnserve_client import _html
 from attnserve_client._sync import Client
 from attnserve_client._version import __version__
-from attnserve_client.errors import AttnserveError
+from attnserve_client.errors import AttnserveError, PayloadTooLargeError
 from attnserve_client.po import DEFAULT_BATCH_SIZE
 from attnserve_client.types import ClassifyResponse, TokenEvent, TranslateResponse
 
@@ -101,6 +103,12 @@ def _parser() -> argparse.ArgumentParser:
     translate.add_argument("--num-return-sequences", type=int, help="n-best list size (at most the beam size)")
     translate.add_argument("--model")
     translate.add_argument("--stream", action="store_true", help="print tokens as they are generated (one text)")
+    translate.add_argument(
+        "--format",
+        choices=["text", "html"],
+        default="text",
+        help="html: each TEXT is an HTML fragment, its tags kept; '-' reads all of stdin as one (default: text)",
+    )
 
     po = commands.add_parser("po", help="gettext catalogs (.po, .pot)", description="gettext catalogs (.po, .pot)")
     po_commands = po.add_subparsers(dest="po_command", required=True, metavar="COMMAND")
@@ -125,6 +133,26 @@ def _parser() -> argparse.ArgumentParser:
         "--language", default="de", help="the target language, written into a template's header (default: %(default)s)"
     )
     po_translate.add_argument("--model")
+
+    html = commands.add_parser("html", help="HTML pages and fragments", description="HTML pages and fragments")
+    html_commands = html.add_subparsers(dest="html_command", required=True, metavar="COMMAND")
+    html_translate = command(
+        "translate",
+        _html_translate,
+        "translate an HTML page or fragment (UTF-8), keeping its tags, links, scripts, styles and code",
+        under=html_commands,
+    )
+    html_translate.add_argument("file", type=Path, metavar="FILE", help="the page or fragment (.html), UTF-8")
+    html_translate.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="OUT",
+        help="where to write the translation (default: FILE with .de before its extension: page.de.html; "
+        "page.en.html also gives page.de.html)",
+    )
+    html_translate.add_argument("--beam-size", type=int, help="1: greedy, fastest (default: the model's)")
+    html_translate.add_argument("--model")
 
     attention = command("attention", _attention, "attention maps stored for an earlier request")
     attention.add_argument("id", help="attention_id of a result (classify/translate with return_attention)")
@@ -157,15 +185,24 @@ def _print_classification(names: Sequence[str], response: ClassifyResponse) -> N
 
 
 def _translate(client: Client, args: argparse.Namespace) -> int:
-    texts = [line.strip() for line in sys.stdin if line.strip()] if args.texts == ["-"] else args.texts
+    html = args.format == "html"
+    if args.texts != ["-"]:
+        texts = args.texts
+    elif html:  # a document spans lines: stdin is one text
+        texts = [sys.stdin.read()]
+    else:
+        texts = [line.strip() for line in sys.stdin if line.strip()]
     options = {
         "beam_size": args.beam_size,
         "max_new_tokens": args.max_new_tokens,
         "model": args.model,
         "num_return_sequences": args.num_return_sequences,
     }
+    if html and args.stream:
+        print("attnserve-client: --stream translates plain text only, not --format html", file=sys.stderr)
+        return 2
     if not args.stream:
-        response = client.translate(texts, **options)
+        response = client.translate(texts, **options, format=args.format)
         if args.json:
             _print_json(response)
         else:
@@ -210,6 +247,47 @@ def _po_translate(client: Client, args: argparse.Namespace) -> int:
     else:
         print(f"{args.output}: {summary}")
     return 0
+
+
+def html_output_path(source: Path) -> Path:
+    """Where ``html translate`` writes by default: ``page.html`` -> ``page.de.html``, ``page.en.html`` ->
+    ``page.de.html`` (the language suffix of content negotiation replaced), ``page`` -> ``page.de``."""
+    stem = source.stem.removesuffix(".en") if source.suffix else source.name
+    return source.with_name(f"{stem}.de{source.suffix}")
+
+
+def _html_translate(client: Client, args: argparse.Namespace) -> int:
+    try:  # bytes: the document's own line endings come back as they were
+        document = args.file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{args.file}: not UTF-8 (byte {e.start}): convert it first, e.g. with iconv") from e
+    output = args.output or html_output_path(args.file)
+    parts = _translate_html(client, document, beam_size=args.beam_size, model=args.model)
+    text = "".join(parts)
+    output.write_bytes(text.encode("utf-8"))
+    if args.json:
+        print(
+            json.dumps(
+                {"input": str(args.file), "output": str(output), "characters": len(text), "requests": len(parts)},
+                indent=2,
+            )
+        )
+    else:
+        sent = "" if len(parts) == 1 else f"; sent in {len(parts)} parts, the service refused it whole"
+        print(f"{output}: {len(text)} characters written (from {len(document)} in {args.file}{sent})")
+    return 0
+
+
+def _translate_html(client: Client, document: str, *, beam_size: int | None, model: str | None) -> list[str]:
+    """The translation of each part ``document`` was sent in: the whole, or, where the service refuses that as
+    too large (its characters, or its sentences at once), halves cut before a block tag, and so on."""
+    try:
+        return [client.translate(document, beam_size=beam_size, model=model, format="html").results[0].translation]
+    except PayloadTooLargeError as e:
+        parts = _html.halves(document)
+        if parts is None or " tokens long" in e.message:  # one sentence over the limit: no cut shortens it
+            raise
+        return [t for part in parts for t in _translate_html(client, part, beam_size=beam_size, model=model)]
 
 
 def _attention(client: Client, args: argparse.Namespace) -> int:

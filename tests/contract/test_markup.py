@@ -7,6 +7,8 @@ the issue that asked for it.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -126,7 +128,7 @@ def test_an_html_page_keeps_scripts_styles_code_and_attributes_and_translates_ti
         '<img src="a.png" alt="A screenshot"><pre>keep  <b>this</b></pre><!-- a comment -->'
         '<script>var x = "<b>not</b>";</script></body></html>'
     )
-    parts = html_parts(doc)
+    parts, _ = html_parts(doc)
     plains = [s.plain for s in segments(parts)]
     assert plains == ["The Manual", 'Click here to read "it" &amp; more.', "A screenshot"]
     verbatim = "".join(p for p in parts if isinstance(p, str))
@@ -147,3 +149,28 @@ def test_an_attribute_values_translation_cannot_close_its_quotes():
     (sentence,) = plan.sentences
     assert sentence.quote == '"'
     assert plan.finish([Rendered('Das "große" Bild')]) == '<img alt="Das &quot;große&quot; Bild">'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "See <a href='#f1'><span>[</span>1<span>]</span></a> and <b>more <i>text</i> here</b>.",
+        "<em>A</em> <b><i>b</i> c <u>d</u></b> e <img src='x.png'/> f <a href='y'></a> g",
+        "Could not open <nobr><strong>%1</strong></nobr> in <b>the <i>%2</i> folder</b> now.",
+    ],
+)
+def test_whatever_the_alignment_says_the_tags_come_back_once_each_and_nested(text):
+    """Two sentences of random links between target tokens and source words: every tag is inserted once, and
+    read in order (sentence by sentence, each boundary's tags before the space, then after it) they nest as in
+    the source, also where an element's ends fall in different sentences."""
+    (seg,) = segments(split_markup(text))
+    source = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", seg.plain)]
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        cut = int(rng.integers(1, len(source)))  # two sentences: the source's tokens before and after the cut
+        parts = []
+        for own in (source[:cut], source[cut:]):
+            links = [int(k) if k < len(own) else None for k in rng.integers(0, len(own) + 2, 6)]
+            parts.append(alignment(["▁w" if rng.random() < 0.7 else "x" for _ in links], links, own))
+        order = [t for ins in inserts(seg.elements, parts) for g in sorted(ins) for t in ins[g][0] + ins[g][1]]
+        assert tags_kept(text, "".join(order)), order
