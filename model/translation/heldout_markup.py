@@ -32,15 +32,15 @@ import re
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from contract.placeholders import TRAINING_SENTINELS, find_spans
 from contract.tokenizer import normalize_text
 from model.cli import CliError, run_cli
 from model.translation import debian
 from model.translation.cleaning import PAIR_FILTERS, FilterConfig
-from model.translation.heldout import Pair, parser, reserved_catalogs, sample, set_stats, write_set
-from model.translation.heldout_placeholders import first_form_pairs, near_training
+from model.translation.heldout import Pair, parser, reserved_catalogs, set_stats, write_set
+from model.translation.heldout_placeholders import first_form_pairs, placeholder_set
 from model.translation.masking import span_texts
 from model.translation.textio import TextFileError
 
@@ -127,31 +127,6 @@ def markup_pairs(raw: Iterable[Pair], config: FilterConfig) -> tuple[list[Pair],
     return kept, stages
 
 
-def markup_set(
-    catalogs: Mapping[str, Iterable[Pair]], keys: set[int], per_tool: int, config: FilterConfig
-) -> tuple[list[Pair], list[str], dict[str, dict]]:
-    """(pairs, the tool of each pair, the counts at each step per tool) from each tool's first-form pairs."""
-    pairs: list[Pair] = []
-    domains: list[str] = []
-    counts: dict[str, dict] = {}
-    seen: set[str] = set()
-    for name, raw in catalogs.items():
-        kept, stages = markup_pairs(raw, config)
-        unique = []
-        for pair in kept:
-            if pair[0] not in seen:
-                seen.add(pair[0])
-                unique.append(pair)
-        unseen = [p for p in unique if not near_training(p[0], keys)]
-        chosen = sample(unseen, per_tool)
-        stages |= {"unique": len(unique), "unlike_training": len(unseen), "kept": len(chosen)}
-        counts[name] = stages
-        pairs += chosen
-        domains += [name] * len(chosen)
-        log.info("%s: %s", name, ", ".join(f"{k} {v}" for k, v in stages.items()))
-    return pairs, domains, counts
-
-
 def tag_names(pairs: Iterable[Pair]) -> dict[str, int]:
     """How often each tag opens (or breaks a line) in the English of ``pairs``, by lower-cased name."""
     tags = (text for en, _ in pairs for text in tag_texts(en).elements() if not text.startswith("</"))
@@ -166,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError("--per-tool must be at least 1")
     try:
         reserved = reserved_catalogs(args, first_form_pairs, MARKUP)
-        pairs, domains, counts = markup_set(reserved.catalogs, reserved.keys, args.per_tool, FilterConfig())
+        pairs, domains, counts = placeholder_set(
+            reserved.catalogs, reserved.keys, args.per_tool, FilterConfig(), select=markup_pairs
+        )
     except (debian.PackageError, TextFileError, ValueError) as e:
         raise CliError(str(e)) from e
     except OSError as e:

@@ -34,7 +34,7 @@ import logging
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from contract.placeholders import TRAINING_SENTINELS, find_spans, mask
 from contract.tokenizer import normalize_text
@@ -111,15 +111,22 @@ def placeholder_pairs(raw: Iterable[Pair], config: FilterConfig) -> tuple[list[P
 
 
 def placeholder_set(
-    catalogs: Mapping[str, Iterable[Pair]], keys: set[int], per_tool: int, config: FilterConfig
+    catalogs: Mapping[str, Iterable[Pair]],
+    keys: set[int],
+    per_tool: int,
+    config: FilterConfig,
+    select: Callable[[Iterable[Pair], FilterConfig], tuple[list[Pair], dict[str, int]]] | None = None,
 ) -> tuple[list[Pair], list[str], dict[str, dict]]:
-    """(pairs, the tool of each pair, the counts at each step per tool) from each tool's first-form pairs."""
+    """(pairs, the tool of each pair, the counts at each step per tool) from each tool's first-form pairs, those
+    that ``select`` keeps (default :func:`placeholder_pairs`), each English once, none near training, at most
+    ``per_tool`` a tool."""
+    select = select or placeholder_pairs
     pairs: list[Pair] = []
     domains: list[str] = []
     counts: dict[str, dict] = {}
     seen: set[str] = set()
     for name, raw in catalogs.items():
-        kept, stages = placeholder_pairs(raw, config)
+        kept, stages = select(raw, config)
         unique = []
         for pair in kept:
             if pair[0] not in seen:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from model.cli import CliError
-from model.translation import heldout, heldout_markup
+from model.translation import heldout, heldout_markup, heldout_placeholders
 from model.translation.corpus import SOURCES
 from model.translation.textio import read_tsv, write_tsv
 from tests.model.translation.excerpts import build_mo, make_package
@@ -128,7 +128,7 @@ def test_the_same_packages_give_the_same_bytes_and_the_cap_keeps_the_smallest_ha
 )
 def test_near_duplicates_of_training_are_dropped(english, near):
     keys = heldout.training_keys(TRAIN)
-    assert heldout_markup.near_training(english, keys) is near
+    assert heldout_placeholders.near_training(english, keys) is near
 
 
 def test_errors_are_one_line(layout, tmp_path):
