@@ -34,7 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from service import __version__
+from service.build import identity
 from service.observers import UNOBSERVED
 from service.settings import Settings
 
@@ -103,7 +103,7 @@ class Keys:
     def __init__(self, operation: str, model: ModelIdentity, options: Any, owner: str | None) -> None:
         head = {
             "format": FORMAT,
-            "service": __version__,
+            "service": identity(),  # the running code's build: an upgrade never reads the old build's answers
             "operation": operation,
             "model": asdict(model),
             "options": asdict(options),

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 
 import numpy as np
 import pytest
 
+from service import build
 from service.core import response_cache
 from service.core.response_cache import (
     CacheReport,
@@ -28,6 +30,7 @@ from service.core.response_cache import (
     probabilities_decoder,
 )
 from service.metrics import Metrics
+from tests.conftest import ROOT
 from tests.service.service_testing import free_port
 
 MODEL = ModelIdentity("translator", "3", "fp32", "a" * 64, "CPUExecutionProvider")
@@ -97,15 +100,25 @@ def test_another_model_file_version_precision_or_provider_is_another_key(change)
     assert key(model=dataclasses.replace(MODEL, **change)) != key()
 
 
-def test_the_text_the_owner_the_service_version_and_the_format_are_in_the_key(monkeypatch):
+def test_the_text_the_owner_the_build_and_the_format_are_in_the_key(monkeypatch):
     assert key(text=TEXT + " ") != key() and key(text="Öffnen") != key(text="Offnen")
     assert key(owner="fingerprint-a") != key() != key(owner="fingerprint-b")
     before = key()
     monkeypatch.setattr(response_cache, "FORMAT", response_cache.FORMAT + 1)
     assert key() != before
     monkeypatch.setattr(response_cache, "FORMAT", response_cache.FORMAT - 1)
-    monkeypatch.setattr(response_cache, "__version__", "9.9.9")
+    monkeypatch.setattr(response_cache, "identity", lambda: "0.1.0+another-build")
     assert key() != before
+
+
+def test_the_build_is_the_version_and_a_digest_of_the_code_that_answers(tmp_path):
+    """Two trees that differ in one byte of contract/ or service/ are two builds; the same tree is one."""
+    for package in build.PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    assert build.code_digest(tmp_path) == build.code_digest(ROOT) and build.identity().startswith("0.1.0+")
+    rule = tmp_path / "contract" / "sentences.py"
+    rule.write_bytes(rule.read_bytes() + b"\n")
+    assert build.code_digest(tmp_path) != build.code_digest(ROOT)
 
 
 def test_operations_never_share_keys():
