@@ -5,13 +5,13 @@ out or, when its search is forced to place them, rambles on until it has. So :fu
 a text into what is kept verbatim and what is translated:
 
 - **separators** stay where they are, with the whitespace around them: block elements (``<p>``, ``<div>``,
-  ``<li>``, ``<qt>``, ``<html>`` ...), line breaks (``<br/>``, KDE's ``<nl/>``), tags without a partner,
-  and an inline pair whose two ends lie in different segments. What lies between two separators is a
-  *segment*, translated on its own;
+  ``<li>``, ``<qt>``, ``<html>`` ...), line breaks (``<br/>``, KDE's ``<nl/>``), and an inline pair whose
+  two ends lie in different segments. What lies between two separators is a *segment*, translated on
+  its own;
 - a pair that wraps a whole segment (``<b>Alignment</b>``) wraps its whole translation: it joins the
   separators around it;
 - every other inline tag (``<b>``, ``<i>``, ``<a href="…">``, ``<span …>``, ``<filename>``, a void
-  ``<img/>``) is taken out of the segment: an :class:`Element` records the characters of the plain text it
+  ``<img/>``, an inline tag without a partner, as in crossed ``<b><i></b></i>``) is taken out of the segment: an :class:`Element` records the characters of the plain text it
   wrapped. After translation :func:`project` finds the target tokens aligned to those characters' source
   tokens (``contract/alignment.py``) and the element is put back around the whole German words they
   belong to. The elements' target ranges are made to nest as their source ranges did, so the output is
@@ -168,7 +168,7 @@ def split_markup(text: str) -> list[str | Segment]:
     back, is the translated text."""
     tags = find_tags(text)
     pairs = _partners(tags)
-    separator = {i for i, t in enumerate(tags) if t.name in BLOCK | BREAKS or (not t.void and i not in pairs)}
+    separator = {i for i, t in enumerate(tags) if t.name in BLOCK | BREAKS}
     while True:  # a pair whose ends lie in different segments is kept as it stands, around them
         cut = sorted(separator)
         crossing = {
@@ -240,6 +240,8 @@ def _segment(text: str, start: int, end: int, tags: list[Tag]) -> list[str | Seg
                 elements[e] = Element(old.open, t.text, old.start, at, old.parent)
                 if stack and stack[-1] == e:
                     stack.pop()
+            else:  # a closing tag without a partner: a point, where it stood
+                elements.append(Element(t.text, "", at, at, stack[-1] if stack else None))
             continue
         parent = stack[-1] if stack else None
         elements.append(Element(t.text, "", at, at, parent))

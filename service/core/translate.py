@@ -150,10 +150,13 @@ async def _attach_attention(results: list[dict], jobs: list[Job], translator: Tr
     per text, its sentences' maps as the blocks of one map (``join_translation_maps``)."""
     requests = [r for job in jobs for r in job.requests]
     best = [r.results()[0] for r in requests]
-    maps = iter(await asyncio.to_thread(translator.attention, [r.source for r in requests], best))
+    maps = iter(await asyncio.to_thread(translator.attention, [r.source for r in requests], best) if best else [])
     hypotheses = iter(best)
-    records = []
+    records, answered = [], []
     for result, job in zip(results, jobs):
+        if not job.plan.sentences:  # an HTML document with nothing to translate: nothing attended to
+            result["attention_id"] = None
+            continue
         parts, generated, fed = [], [], []
         for sentence in job.plan.sentences:
             parts.append(next(maps))
@@ -166,4 +169,5 @@ async def _attach_attention(results: list[dict], jobs: list[Job], translator: Tr
         records.append(
             translation_record(translator.name, translator.version, m, source, generated, fed, result["translation"])
         )
-    await store_records(store, records, results)
+        answered.append(result)
+    await store_records(store, records, answered)

@@ -123,3 +123,15 @@ def test_the_open_inference_protocol_takes_the_format_parameter(server):
     texts.set_data_from_numpy(np.array([b"<p>Open the <b>file</b>.</p>"], dtype=object))
     out = client.infer("translator", [texts], parameters={"format": "html"}).as_numpy("translation")
     assert structure(out[0].decode()).tags == ["p", "b", "/b", "/p"]
+
+
+def test_a_document_with_nothing_to_translate_comes_back_as_it_is_with_or_without_attention(server):
+    for body in ({"text": "<p></p><br>"}, {"text": "<script>x()</script>", "return_attention": True}):
+        (r,) = post(server, format="html", **body).json()["results"]
+        assert r["translation"] == body["text"] and r["finished"] and r["sentences"] == []
+
+
+def test_crossed_tags_stay_one_sentence_and_each_comes_back(server):
+    """``<b>the <i>file</b> now</i>`` does not nest: its unpaired ends are points, the sentence is not cut."""
+    (r,) = post(server, text="<p>Open <b>the <i>file</b> now</i>.</p>", format="html").json()["results"]
+    assert len(r["sentences"]) == 1 and all(r["translation"].count(t) == 1 for t in ("<b>", "</b>", "<i>", "</i>"))
