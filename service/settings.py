@@ -413,6 +413,11 @@ class Settings(BaseSettings):
                 "response_cache is shared through Redis: set redis_url (e.g. redis://redis:6379/0) to the Redis "
                 "every replica uses"
             )
+        if self.response_cache_scope == "key" and not self.api_key_hashes and self.api_key_hashes_file is None:
+            problems.append(
+                "response_cache_scope='key' keeps entries per API key, but no keys are configured (api_key_hashes or "
+                "api_key_hashes_file): every caller would share them; configure keys or use scope 'shared'"
+            )
         if self.require_gpu and self.execution_provider == "cpu":
             problems.append("require_gpu contradicts execution_provider='cpu'")
         unknown = sorted(set(self.image_formats) - _pillow_formats())

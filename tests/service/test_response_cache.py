@@ -235,7 +235,12 @@ def test_the_cache_exists_only_when_enabled():
 
     assert ResponseCache.from_settings(Settings()) is None
     cache = ResponseCache.from_settings(
-        Settings(response_cache=True, redis_url="redis://127.0.0.1:1/0", response_cache_scope="key")
+        Settings(
+            response_cache=True,
+            redis_url="redis://127.0.0.1:1/0",
+            response_cache_scope="key",
+            api_key_hashes=["0" * 64],
+        )
     )
     assert cache is not None and cache.scope == "key" and cache.ttl_s == 86_400
     assert cache.keys("translate", MODEL, OPTIONS, "k1").text(TEXT) != cache.keys(

@@ -65,6 +65,7 @@ def test_reads_the_environment(monkeypatch):
         ({"response_cache": True}, "response_cache is shared through Redis: set redis_url"),
         ({"response_cache_ttl_s": 0}, "response_cache_ttl_s"),
         ({"response_cache_scope": "tenant"}, "response_cache_scope"),
+        ({"response_cache_scope": "key"}, "no keys are configured"),
     ],
 )
 def test_refuses_unsafe_or_contradictory_values(overrides, complaint):
