@@ -343,7 +343,7 @@ class Settings(BaseSettings):
         "shared",
         description="`shared`: one entry per text or image whoever asks, so a string is computed once for every "
         "caller; `key`: with API keys, entries are per key, so that a caller cannot tell from `X-Cache` or the "
-        "latency that another key asked for the same text.",
+        "latency that another key asked for the same text (refused at start without keys).",
     )
 
     @property
