@@ -102,7 +102,7 @@ def test_another_model_file_version_precision_or_provider_is_another_key(change)
 
 def test_the_text_the_owner_the_build_and_the_format_are_in_the_key(monkeypatch):
     assert key(text=TEXT + " ") != key() and key(text="Öffnen") != key(text="Offnen")
-    assert key(owner="fingerprint-a") != key() != key(owner="fingerprint-b")
+    assert key(owner="fingerprint-a") != key() != key(owner="fingerprint-b") != key(owner="fingerprint-a")
     before = key()
     monkeypatch.setattr(response_cache, "FORMAT", response_cache.FORMAT + 1)
     assert key() != before
