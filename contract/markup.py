@@ -198,18 +198,27 @@ def _segment(text: str, start: int, end: int, tags: list[Tag]) -> list[str | Seg
     """The stretch ``text[start:end]`` with its inline ``tags`` (in text order) as [leading verbatim, segment,
     trailing verbatim]; pairs that wrap all of it, and the whitespace at its ends, move outward."""
     partner = _partners(tags)
-    # Peel pairs that wrap everything else of the stretch, outermost first.
+    # Peel pairs that wrap everything else of the stretch, outermost first, and lone tags at its ends.
     head, tail = [], []
     lo, hi = 0, len(tags)
     a, b = start, end
-    while lo < hi and not tags[lo].closing and partner.get(lo) == hi - 1:
-        opening, closing = tags[lo], tags[hi - 1]
-        if text[a : opening.start].strip() or text[closing.end : b].strip():
+    while lo < hi:
+        first, last = tags[lo], tags[hi - 1]
+        if lo not in partner and not text[a : first.start].strip():  # a lone tag before all the text
+            head.append(text[a : first.end])
+            a, lo = first.end, lo + 1
+        elif hi - 1 not in partner and not text[last.end : b].strip():  # a lone tag after all of it
+            tail.insert(0, text[last.start : b])
+            b, hi = last.start, hi - 1
+        elif not first.closing and partner.get(lo) == hi - 1:
+            if text[a : first.start].strip() or text[last.end : b].strip():
+                break
+            head.append(text[a : first.end])
+            tail.insert(0, text[last.start : b])
+            a, b = first.end, last.start
+            lo, hi = lo + 1, hi - 1
+        else:
             break
-        head.append(text[a : opening.end])
-        tail.insert(0, text[closing.start : b])
-        a, b = opening.end, closing.start
-        lo, hi = lo + 1, hi - 1
     inner = tags[lo:hi]
     plain, marks = [], []  # marks[k]: where inner[k] stood in the plain text
     cursor = a
