@@ -468,7 +468,9 @@ def test_bench_constraints_prices_the_constraint_within_a_step():
         proc.stdout,
         re.MULTILINE,
     )
-    assert [(name, int(n)) for name, n, *_ in rows] == [("greedy", 33), ("beam 4", 132)], proc.stdout
+    # 33 sentences started; a greedy one whose model ends it within the first four steps has left the batch
+    assert [name for name, *_ in rows] == ["greedy", "beam 4"], proc.stdout
+    assert 24 <= int(rows[0][1]) <= 33 and 96 <= int(rows[1][1]) <= 132 and int(rows[1][1]) % 4 == 0, proc.stdout
     for *_, decoder, off, on, ratio, low, high in rows:
         assert 0 < float(off) and 0 < float(on) and 0 < float(decoder) < 10_000, proc.stdout
         assert 0.5 < float(low) <= float(high) < 2.0 and 0.5 < float(ratio) < 2.0, proc.stdout

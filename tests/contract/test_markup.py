@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from contract.constraints import SentinelVocabulary
@@ -20,7 +21,6 @@ from contract.markup import Element, Segment, nest, split_markup
 from contract.projection import SentenceAlignment, inserts
 from contract.tokenizer import load_tokenizer
 from contract.translation_text import LETTER_SENTINELS, Rendered, attention_maps, plan_text, translate_all
-from export.common import cpu_session
 from export.text_quality import tags_kept, without_tags
 from tests.conftest import SHIPPED_TRANSLATOR
 from tests.contract.test_decoding import real_graphs  # noqa: F401 (a fixture)
@@ -99,12 +99,9 @@ def test_the_shipped_translator_puts_the_issues_markup_around_the_right_words(re
     enc, dec, spec = real_graphs
     m = load_entry(SHIPPED_TRANSLATOR).manifest
     tok = load_tokenizer(SHIPPED_TRANSLATOR, m.tokenizer)
-    with_maps = session_fn(
-        cpu_session(SHIPPED_TRANSLATOR / "encoder.onnx"), ["cross_keys", "cross_values", "encoder_attentions"]
-    )
-    prefix = session_fn(
-        cpu_session(SHIPPED_TRANSLATOR / "decoder_prefix.onnx"), ["self_attentions", "cross_attentions"]
-    )
+    session = {f: ort.InferenceSession(str(SHIPPED_TRANSLATOR / f"{f}.onnx")) for f in ("encoder", "decoder_prefix")}
+    with_maps = session_fn(session["encoder"], ["cross_keys", "cross_values", "encoder_attentions"])
+    prefix = session_fn(session["decoder_prefix"], ["self_attentions", "cross_attentions"])
     texts = [
         "The file <b>%(name)s</b> was deleted.",
         "Press <kbd>Ctrl</kbd>+<kbd>S</kbd> to save.",
