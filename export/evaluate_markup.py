@@ -29,7 +29,7 @@ from contract.decoding import DecoderSpec, session_fn
 from contract.placeholders import find_spans
 from contract.projection import Alignment
 from contract.tokenizer import load_tokenizer
-from contract.translation_text import attention_maps, translate_all
+from contract.translate_graphs import attention_maps, translate_all
 from export.common import cpu_session
 from export.evaluate import translator_and_test_set
 from export.placeholder_metrics import agreement

@@ -39,7 +39,7 @@ MODES = ("raw", "protected")
 
 def translate_protected(encoder, decoder, tok, spec: DecoderSpec, texts: list[str], beam: int, sentinels) -> list[str]:
     """The service's text pipeline (imported here: it is written alongside this evaluation)."""
-    from contract.translation_text import translate_texts
+    from contract.translate_graphs import translate_texts
 
     return translate_texts(encoder, decoder, tok, spec, texts, beam, sentinels)
 

@@ -28,11 +28,11 @@ from contract.manifest import Entry, ManifestError
 from contract.placeholders import TooManySpans
 from contract.projection import Alignment, Inserts
 from contract.tokenizer import TokenizerError, load_tokenizer, normalize_text
+from contract.translate_graphs import attention_maps
 from contract.translation_text import (
     LETTER_SENTINELS,
     Sentence,
     TextPlan,
-    attention_maps,
     labels,
     needs_alignment,
     place,

@@ -20,7 +20,8 @@ from contract.manifest import load_entry
 from contract.markup import Element, Segment, nest, split_markup
 from contract.projection import SentenceAlignment, inserts
 from contract.tokenizer import load_tokenizer
-from contract.translation_text import LETTER_SENTINELS, Rendered, attention_maps, plan_text, translate_all
+from contract.translate_graphs import attention_maps, translate_all
+from contract.translation_text import LETTER_SENTINELS, Rendered, plan_text
 from export.text_quality import tags_kept, without_tags
 from tests.conftest import SHIPPED_TRANSLATOR
 from tests.contract.test_decoding import real_graphs  # noqa: F401 (a fixture)
