@@ -91,7 +91,7 @@ class Constraint:
     continuing: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # not after a sentinel
     apart: tuple[bool, ...] = ()  # per span, whether the source set it apart from what follows (default: all)
     span_of: dict[int, int] = field(init=False, repr=False)  # token id -> the span whose sentinel it spells
-    _masks: dict[tuple[int, bool, bool], np.ndarray] = field(init=False, repr=False, default_factory=dict)
+    _masks: dict[tuple[int, int, bool], np.ndarray] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.span_of = {t: i for i, ids in enumerate(self.ids) for t in ids}
@@ -118,8 +118,8 @@ class Constraint:
     def missing(self, state: int) -> int:
         return len(self.ids) - state.bit_count()
 
-    def disallowed(self, state: int, forced: bool, glued: bool = False) -> np.ndarray:
-        """The ids a row in ``state`` may not emit now (``forced``: the ones it may, flagged by the caller;
+    def disallowed(self, state: int, forced: int, glued: bool = False) -> np.ndarray:
+        """The ids a row in ``state`` may not emit now (``forced``, :data:`NOW` or :data:`LATE`: the ones it may;
         ``glued``: the row's last token was the sentinel of a span set apart)."""
         key = (state, forced, glued)
         if key not in self._masks:

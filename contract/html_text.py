@@ -23,7 +23,7 @@ from __future__ import annotations
 import html
 import re
 
-from contract.markup import BLOCK, BREAKS, Segment, split_markup
+from contract.markup import BLOCK, BREAKS, Segment, find_tags, has_words, merged, split_markup
 from contract.placeholders import _SPANS as SPANS
 
 _VERBATIM = re.compile(
@@ -31,10 +31,8 @@ _VERBATIM = re.compile(
     r"|<(script|style|pre|textarea|code|samp|tt|var)\b[^>]*>.*?</\1\s*>",
     re.DOTALL | re.IGNORECASE,
 )
-_NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
 _ATTRIBUTE = re.compile(r"""\b(title|alt)\s*=\s*(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE)
 _KEPT_ENTITIES = frozenset({"&lt;", "&gt;", "&amp;", "&nbsp;", "&#60;", "&#62;", "&#38;", "&#160;"})
-_ENTITY = re.compile(r"&(?:[A-Za-z][A-Za-z0-9]{1,31}|#\d{1,7}|#[xX][0-9A-Fa-f]{1,6});")
 SEPARATORS = BLOCK | BREAKS | {"img", "hr", "input", "select", "option", "button", "iframe", "object", "video"}
 INLINE_CODE = frozenset({"code", "samp", "tt", "var"})
 CODE = "{{_attnserve_code_{}}}"  # what stands for the n-th inline code element: a brace span, kept verbatim
@@ -42,7 +40,12 @@ CODE = "{{_attnserve_code_{}}}"  # what stands for the n-th inline code element:
 
 def _text(raw: str) -> str:
     """Character references that stand for text, read as their characters; the others kept."""
-    return _ENTITY.sub(lambda m: m.group() if m.group().lower() in _KEPT_ENTITIES else html.unescape(m.group()), raw)
+
+    def read(m: re.Match) -> str:
+        kept = m.lastgroup != "entity" or m.group().lower() in _KEPT_ENTITIES
+        return m.group() if kept else html.unescape(m.group())
+
+    return SPANS.sub(read, raw)
 
 
 def _separator_tag(tag: str) -> list[str | Segment]:
@@ -65,7 +68,7 @@ def _inline(run: str) -> list[str | Segment]:
     """A run of text and inline tags: one or more segments (``split_markup``) with its outer whitespace kept."""
     lead, trail = len(run) - len(run.lstrip()), len(run.rstrip())
     body = run[lead:trail]
-    if not any(c.isalpha() for c in SPANS.sub(" ", body)):
+    if not has_words(body):
         return [run]
     return [run[:lead], *split_markup(" ".join(_text(body).split())), run[trail:]]
 
@@ -83,19 +86,17 @@ def html_parts(document: str) -> tuple[list[str | Segment], dict[str, str]]:
             out.extend(_inline("".join(run)))
             run.clear()
 
-    pieces = []  # (start, end, kind): "verbatim", "tag"
-    for m in _VERBATIM.finditer(document):
-        pieces.append((m.start(), m.end(), "code" if (m.group(1) or "").lower() in INLINE_CODE else "verbatim"))
-    verbatim = list(pieces)
-    for m in SPANS.finditer(document):
-        if m.lastgroup == "tag" and not any(a <= m.start() < b for a, b, _ in verbatim):
-            pieces.append((m.start(), m.end(), "tag"))
-    for start, end, kind in sorted(pieces):
+    pieces = [  # (start, -end, kind, name): at one start the longer first, so a tag inside a kept element is skipped
+        (m.start(), -m.end(), "code" if (m.group(1) or "").lower() in INLINE_CODE else "verbatim", "")
+        for m in _VERBATIM.finditer(document)
+    ]
+    pieces += [(t.start, -t.end, "tag", t.name) for t in find_tags(document)]
+    for start, end, kind, name in sorted(pieces):
         if start < cursor:
             continue
+        end = -end
         run.append(document[cursor:start])
         raw = document[start:end]
-        name = _NAME.match(raw).group(1).lower() if kind == "tag" else ""
         if kind == "code":
             codes[token := CODE.format(len(codes))] = raw
             run.append(token)
@@ -107,10 +108,4 @@ def html_parts(document: str) -> tuple[list[str | Segment], dict[str, str]]:
         cursor = end
     run.append(document[cursor:])
     close_run()
-    merged: list[str | Segment] = []
-    for p in out:
-        if isinstance(p, str) and merged and isinstance(merged[-1], str):
-            merged[-1] += p
-        elif p != "":
-            merged.append(p)
-    return merged, codes
+    return merged(out), codes

@@ -11,10 +11,10 @@ a text into what is kept verbatim and what is translated:
 - a pair that wraps a whole segment (``<b>Alignment</b>``) wraps its whole translation: it joins the
   separators around it;
 - every other inline tag (``<b>``, ``<i>``, ``<a href="…">``, ``<span …>``, ``<filename>``, a void
-  ``<img/>``, an inline tag without a partner, as in crossed ``<b><i></b></i>``) is taken out of the segment: an :class:`Element` records the characters of the plain text it
-  wrapped. After translation :func:`project` finds the target tokens aligned to those characters' source
-  tokens (``contract/alignment.py``) and the element is put back around the whole German words they
-  belong to. The elements' target ranges are made to nest as their source ranges did, so the output is
+  ``<img/>``, a tag without a partner, as in crossed ``<b><i></b></i>``) is taken out of the segment: an
+  :class:`Element` records the characters of the plain text it wrapped. After translation
+  :func:`contract.projection.inserts` finds the target tokens aligned to those characters' source tokens
+  and the element is put back around the whole German words they belong to. The elements' target ranges are made to nest as their source ranges did, so the output is
   well nested by construction, whatever the alignment says.
 
 Text that holds no letter outside its tags and placeholders (``%1 %2Ch (%3<em>%4</em>)``) is no
@@ -30,63 +30,12 @@ from dataclasses import dataclass
 from contract.placeholders import _SPANS as SPANS
 
 # Elements that start a new block, and elements without content: their tags separate segments.
-BLOCK = frozenset(
-    [
-        "address",
-        "article",
-        "aside",
-        "blockquote",
-        "body",
-        "caption",
-        "center",
-        "dd",
-        "details",
-        "dialog",
-        "dir",
-        "div",
-        "dl",
-        "dt",
-        "fieldset",
-        "figcaption",
-        "figure",
-        "footer",
-        "form",
-        "frameset",
-        "h1",
-        "h2",
-        "h3",
-        "h4",
-        "h5",
-        "h6",
-        "head",
-        "header",
-        "hgroup",
-        "hr",
-        "html",
-        "legend",
-        "li",
-        "main",
-        "menu",
-        "nav",
-        "ol",
-        "option",
-        "p",
-        "para",
-        "pre",
-        "qt",
-        "section",
-        "summary",
-        "table",
-        "tbody",
-        "td",
-        "tfoot",
-        "th",
-        "thead",
-        "title",
-        "tr",
-        "ul",
-    ]
-)
+BLOCK = frozenset({
+    "address", "article", "aside", "blockquote", "body", "caption", "center", "dd", "details", "dialog", "dir", "div",
+    "dl", "dt", "fieldset", "figcaption", "figure", "footer", "form", "frameset", "h1", "h2", "h3", "h4", "h5", "h6",
+    "head", "header", "hgroup", "hr", "html", "legend", "li", "main", "menu", "nav", "ol", "option", "p", "para",
+    "pre", "qt", "section", "summary", "table", "tbody", "td", "tfoot", "th", "thead", "title", "tr", "ul",
+})  # fmt: skip
 BREAKS = frozenset({"br", "nl", "hr", "wbr"})  # void elements that break a line: separators too
 VOID = frozenset({"area", "base", "col", "embed", "img", "input", "link", "meta", "param", "source", "track"})
 _NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
@@ -135,10 +84,6 @@ def find_tags(text: str) -> list[Tag]:
     return out
 
 
-def has_markup(text: str) -> bool:
-    return any(m.lastgroup == "tag" for m in SPANS.finditer(text))
-
-
 def _partners(tags: Sequence[Tag]) -> dict[int, int]:
     """Opening tag index -> its closing tag index, and back (by name, innermost first; unmatched: absent)."""
     pairs: dict[int, int] = {}
@@ -157,7 +102,7 @@ def _partners(tags: Sequence[Tag]) -> dict[int, int]:
     return pairs
 
 
-def _has_words(text: str) -> bool:
+def has_words(text: str) -> bool:
     """Whether ``text`` holds a letter outside its protected spans (placeholders, entities)."""
     return any(c.isalpha() for c in SPANS.sub(" ", text))
 
@@ -191,7 +136,7 @@ def split_markup(text: str) -> list[str | Segment]:
             out.append(t.text)
             cursor = t.end
         inline = []
-    return _merge(out)
+    return merged(out)
 
 
 def _segment(text: str, start: int, end: int, tags: list[Tag]) -> list[str | Segment]:
@@ -234,7 +179,7 @@ def _segment(text: str, start: int, end: int, tags: list[Tag]) -> list[str | Seg
     body = "".join(plain)
     lead = len(body) - len(body.lstrip())
     trail = len(body.rstrip())
-    if not _has_words(body):
+    if not has_words(body):
         return [*head, text[a:b], *tail]
     inner_partner = _partners(inner)
     elements: list[Element] = []
@@ -261,7 +206,7 @@ def _segment(text: str, start: int, end: int, tags: list[Tag]) -> list[str | Seg
     return [*head, body[:lead], segment, body[trail:], *tail]
 
 
-def _merge(parts: list[str | Segment]) -> list[str | Segment]:
+def merged(parts: list[str | Segment]) -> list[str | Segment]:
     out: list[str | Segment] = []
     for p in parts:
         if isinstance(p, str):

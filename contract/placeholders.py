@@ -134,6 +134,11 @@ def _touches(text: str, at: int, neighbour_span: bool) -> str | None:
     return WORD if text[at].isalnum() else MARK
 
 
+def spacing(text: str, span: Span, left: str | None, right: str | None) -> tuple[bool, bool]:
+    """Whether masking puts a space before and after the sentinel of ``span``, which touched ``left`` and ``right``."""
+    return left in (WORD, SPAN) or (left == MARK and text[span.start - 1] not in _OPENING), right == WORD
+
+
 def mask(text: str, pool: Sequence[str]) -> Masked:
     """``text`` with each protected span replaced by the first sentinel of ``pool`` that the text does not
     already contain (so a sentinel in the output can only come from a span). A sentinel is set off by a
@@ -149,8 +154,8 @@ def mask(text: str, pool: Sequence[str]) -> Masked:
     for i, (span, sentinel) in enumerate(zip(spans, free)):
         left = _touches(text, span.start - 1, i > 0 and spans[i - 1].end == span.start)
         right = _touches(text, span.end, i + 1 < len(spans) and spans[i + 1].start == span.end)
-        space_left = left in (WORD, SPAN) or (left == MARK and text[span.start - 1] not in _OPENING)
-        parts += [text[cursor : span.start], " " if space_left else "", sentinel, " " if right == WORD else ""]
+        space_left, space_right = spacing(text, span, left, right)
+        parts += [text[cursor : span.start], " " if space_left else "", sentinel, " " if space_right else ""]
         glued.append((left, right))
         cursor = span.end
     parts.append(text[cursor:])
@@ -205,18 +210,6 @@ def restore(translation: str, masked: Masked, marks: Sequence[str] | None = None
             after = " " + after
         out += [span, after]
     return "".join(out), found
-
-
-_NUMBER = re.compile(r"%(?:\d+\$)?[-+0#' ]*\d*(?:\.\d+)?(?:hh|h|ll|l|L|q|j|z|Z|t)?[diouxX]")
-
-
-def unglue_numbers(translation: str, masked: Masked) -> str:
-    """A number conversion the source set apart (``%d files``) that the translation glued to a noun with a
-    hyphen (``%d-Dateien``: German writes ``%d Dateien``) gets its space back. Names (``%s-Datei``) keep theirs."""
-    for span, (_, right) in zip(masked.spans, masked.glued):
-        if right is None and _NUMBER.fullmatch(span.text):
-            translation = re.sub(re.escape(span.text) + r"-(?=[A-ZÄÖÜ])", span.text + " ", translation)
-    return translation
 
 
 def _extends(span: str, after: str) -> bool:

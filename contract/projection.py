@@ -5,10 +5,10 @@ The decoder's cross-attention says which source tokens each target token was mad
 :func:`inserts` turns that into the places where the plan's elements (``contract/markup.py``) open and
 close, on the translation's token boundaries, whole German words at a time:
 
-- an element wraps the target tokens aligned to the source tokens it wrapped (target → source links,
-  each target token to the source token it attends to most; where none lands inside, the other way:
-  each wrapped source token's most attending target token), from the first to the last, widened to the
-  words they are part of;
+- an element wraps the densest run of target tokens linked to the source tokens it wrapped (target →
+  source links, each target token to the source token it attends to most; linked inside counts +1,
+  linked elsewhere -1; where none lands inside, the other way: the target tokens that attend most to the
+  wrapped source tokens), widened to the words they are part of;
 - a sentinel is aligned to itself: an element that wraps nothing but spans the model carried over wraps
   exactly those;
 - a point (``<img/>``, an empty pair, a span the search left unplaced) goes after the words aligned to
@@ -18,13 +18,13 @@ close, on the translation's token boundaries, whole German words at a time:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from contract.markup import nest
-from contract.placeholders import _OPENING, MARK, SPAN, WORD, Masked
+from contract.placeholders import Masked, spacing
 from contract.tokenizer import normalize_text
 
 WORD_START = "\u2581"
@@ -66,8 +66,8 @@ def masked_positions(masked: Masked | None, text: str) -> list[int]:
     cursor = 0
     for span, sentinel, (left, right) in zip(masked.spans, masked.sentinels, masked.glued):
         out += range(cursor, span.start)
-        space_left = left in (WORD, SPAN) or (left == MARK and text[span.start - 1] not in _OPENING)
-        out += [span.start] * (int(space_left) + 1) + [span.end] * (len(sentinel) - 1 + int(right == WORD))
+        space_left, space_right = spacing(text, span, left, right)
+        out += [span.start] * (int(space_left) + 1) + [span.end] * (len(sentinel) - 1 + int(space_right))
         cursor = span.end
     out += range(cursor, len(text) + 1)
     return out
@@ -156,22 +156,20 @@ def inserts(
     source = [(i, k, a, b) for i, s in enumerate(sentences) for k, (a, b) in enumerate(s.source)]
     links = [k for s in sentences for k in s.links]
 
+    def targets(i: int, k: int) -> list[int]:
+        """The target tokens (global) linked to source token ``k`` of sentence ``i``, else the one attending most."""
+        linked = [r for r, x in enumerate(sentences[i].links) if x == k] or [sentences[i].best[k]]
+        return [starts[i] + r for r in linked if r >= 0]
+
     def after_source(pos: int, at: int | None = None) -> int:
         """The target boundary where something standing at plain-text ``pos`` goes."""
-        cands = [(i, k) for i, k, a, b in source if (a + b) / 2 <= pos and (at is None or i == at)]
-        for i, k in reversed(cands):
-            linked = [r for r, x in enumerate(sentences[i].links) if x == k] or [sentences[i].best[k]]
-            linked = [r for r in linked if r >= 0]
-            if linked:
-                g = starts[i] + max(linked)
-                return _word_end(pieces, g, bounds[owner[g]][1])
-        later = [(i, k) for i, k, a, b in source if (a + b) / 2 > pos and (at is None or i == at)]
-        for i, k in later:
-            linked = [r for r, x in enumerate(sentences[i].links) if x == k] or [sentences[i].best[k]]
-            linked = [r for r in linked if r >= 0]
-            if linked:
-                g = starts[i] + min(linked)
-                return _word_start(pieces, g, bounds[owner[g]][0])
+        mine = [(i, k, (a + b) / 2 <= pos) for i, k, a, b in source if at is None or i == at]
+        for i, k, _ in reversed([m for m in mine if m[2]]):  # after the words of the source token before it
+            if linked := targets(i, k):
+                return _word_end(pieces, max(linked), bounds[owner[max(linked)]][1])
+        for i, k, _ in (m for m in mine if not m[2]):  # at the start: before those of the token after it
+            if linked := targets(i, k):
+                return _word_start(pieces, min(linked), bounds[owner[min(linked)]][0])
         return starts[at] if at is not None else 0
 
     ranges = []
@@ -245,6 +243,3 @@ def _sentence_of(g: int, bounds: list[tuple[int, int]], opening: bool) -> int:
         if (a <= g < b) if opening else (a < g <= b):
             return i
     return len(bounds) - 1 if opening or g > 0 else 0
-
-
-Attention = Callable[[list[list[int]], list], list[dict[str, np.ndarray]]]

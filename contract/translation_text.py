@@ -31,7 +31,6 @@ from contract.placeholders import (
     place_accelerator,
     restore,
     strip_accelerator,
-    unglue_numbers,
 )
 from contract.projection import EVERY_HEAD, Alignment, Inserts, SentenceAlignment, inserts, source_spans
 from contract.sentences import segments
@@ -212,7 +211,7 @@ def render(tokenizer, tokens: Sequence[int], sentence: Sentence, inserts: Insert
         return Rendered("".join(parts))
     marks = [chr(_MARK + i) for i in range(len(sentence.masked.spans))]
     text, restored = restore("".join(parts), sentence.masked, marks)
-    return Rendered(unglue_numbers(text, sentence.masked), restored)
+    return Rendered(text, restored)
 
 
 def span_mark(i: int) -> str:

@@ -65,6 +65,7 @@ class Job:
     plan: TextPlan
     requests: list[DecodeRequest] = field(default_factory=list)
     inserts: dict[int, list[Inserts]] = field(default_factory=dict)  # per rank: markup, unplaced spans (`place`)
+    maps: list[dict] | None = None  # the best translation's attention maps per sentence, when `place` ran them
 
 
 class Translator:
@@ -228,8 +229,11 @@ class Translator:
         hypotheses = [h for _, _, picks in wanted for h in picks]
         maps = iter(self.attention(sources, hypotheses) if self.has_attention else [None] * len(hypotheses))
         for job, n, picks in wanted:
-            cross = [m["cross_attention"] if m is not None else None for m in (next(maps) for _ in picks)]
+            own = [next(maps) for _ in picks]
+            cross = [m["cross_attention"] if m is not None else None for m in own]
             job.inserts[n] = place(job.plan, self.tokenizer, picks, cross, self.alignment)
+            if n == 0 and self.has_attention:
+                job.maps = own  # return_attention reads these instead of running the graphs again
 
     def target_pieces(self, h: Hypothesis, sentence: Sentence) -> tuple[list[str], list[str]]:
         """(the pieces each attention row generated, the pieces each row was fed: `<s>` then the tokens)."""

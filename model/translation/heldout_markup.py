@@ -34,6 +34,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable
 
+from contract.markup import find_tags
 from contract.placeholders import TRAINING_SENTINELS, find_spans
 from contract.tokenizer import normalize_text
 from model.cli import CliError, run_cli
@@ -75,7 +76,6 @@ PER_TOOL = 30
 MAX_CHARS = 300
 MAX_SPANS = len(TRAINING_SENTINELS)
 _BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
-_TAG_NAME = re.compile(r"</?([A-Za-z][\w:.-]*)")
 
 
 def tag_texts(text: str) -> Counter:
@@ -129,8 +129,7 @@ def markup_pairs(raw: Iterable[Pair], config: FilterConfig) -> tuple[list[Pair],
 
 def tag_names(pairs: Iterable[Pair]) -> dict[str, int]:
     """How often each tag opens (or breaks a line) in the English of ``pairs``, by lower-cased name."""
-    tags = (text for en, _ in pairs for text in tag_texts(en).elements() if not text.startswith("</"))
-    return dict(Counter(_TAG_NAME.match(text).group(1).lower() for text in tags).most_common())
+    return dict(Counter(t.name for en, _ in pairs for t in find_tags(en) if not t.closing).most_common())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,21 +146,21 @@ async def answer(translator: Translator, jobs: list[Job], nbest: bool, store: Ke
 
 
 async def _attach_attention(results: list[dict], jobs: list[Job], translator: Translator, store: KeyedStore) -> None:
-    """The returned hypotheses' attention, computed now (off the event loop), summarised and stored: one record
-    per text, its sentences' maps as the blocks of one map (``join_translation_maps``)."""
-    requests = [r for job in jobs for r in job.requests]
+    """The returned hypotheses' attention, computed now (off the event loop) unless ``Translator.place`` did,
+    summarised and stored: one record per text, its sentences' maps as the blocks of one map."""
+    requests = [r for job in jobs if job.maps is None for r in job.requests]  # `place` ran the others' already
     best = [r.results()[0] for r in requests]
     maps = iter(await asyncio.to_thread(translator.attention, [r.source for r in requests], best) if best else [])
-    hypotheses = iter(best)
     records, answered = [], []
     for result, job in zip(results, jobs):
         if not job.plan.sentences:  # an HTML document with nothing to translate: nothing attended to
             result["attention_id"] = None
             continue
         parts, generated, fed = [], [], []
-        for sentence in job.plan.sentences:
-            parts.append(next(maps))
-            made, given = translator.target_pieces(next(hypotheses), sentence)
+        own = job.maps or [next(maps) for _ in job.plan.sentences]
+        for sentence, request, m in zip(job.plan.sentences, job.requests, own):
+            parts.append(m)
+            made, given = translator.target_pieces(request.results()[0], sentence)
             generated += made
             fed += given
         m = join_translation_maps(parts)
