@@ -106,14 +106,16 @@ class Run:
 class Service:
     """``python -m service`` from the source tree ``root`` (this checkout unless another is given)."""
 
-    def __init__(self, name: str, repository: Path, model: str, log_dir: Path, root: Path = ROOT, **settings) -> None:
+    def __init__(
+        self, name: str, repository: Path, model: str, log_dir: Path, root: Path = ROOT, path: tuple = (), **settings
+    ) -> None:
         self.name = name
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model
         env = {
             **os.environ,
-            "PYTHONPATH": str(root),
+            "PYTHONPATH": os.pathsep.join(map(str, (*path, root))),  # ``path``: modules imported before the tree's
             "ATTNSERVE_MODEL_REPOSITORY": str(repository),
             "ATTNSERVE_PORT": str(self.port),
             "ATTNSERVE_GRPC_PORT": "0",  # HTTP is measured; a gRPC server on the shared 8001 would clash

@@ -153,7 +153,17 @@ class Metrics:
             registry=r,
         )
         self.failed_batches = Counter(
-            "attnserve_failed_batches", "Batches whose onnxruntime run raised.", ["model", "version"], registry=r
+            "attnserve_failed_batches",
+            "Batches whose onnxruntime run raised: a classifier batch, a translation's encoder run or decoder step.",
+            ["model", "version"],
+            registry=r,
+        )
+        self.engine_restarts = Counter(
+            "attnserve_engine_restarts",
+            "Times a loop of a model's engine (a translation lane, a classification instance thread) failed outside "
+            "onnxruntime, answered what it held 500 and was restarted (service/engine/supervision.py).",
+            ["model", "version"],
+            registry=r,
         )
         self.provider = Gauge(
             "attnserve_model_provider_info",
@@ -329,6 +339,7 @@ class ModelMetrics:
         self._dropped = metrics.dropped.labels(model, version)
         self._rejected = metrics.rejected.labels(model, version)
         self._failed = metrics.failed_batches.labels(model, version)
+        self._restarts = metrics.engine_restarts.labels(model, version)
         self._answers = Answers(metrics, model, version)
 
     def batch_started(self, images: int, queue_waits: list[float]) -> None:
@@ -353,6 +364,9 @@ class ModelMetrics:
     def rejected(self) -> None:
         self._rejected.inc()
 
+    def restarted(self) -> None:
+        self._restarts.inc()
+
     def answered(self, seconds: float, ok: bool) -> None:
         self._answers.answered(seconds, ok)
 
@@ -371,7 +385,15 @@ class DecodeMetrics:
         self._queue_wait = metrics.queue_wait.labels(model, version)
         self._dropped = metrics.dropped.labels(model, version)
         self._rejected = metrics.rejected.labels(model, version)
+        self._restarts = metrics.engine_restarts.labels(model, version)
+        self._failed = metrics.failed_batches.labels(model, version)
         self._answers = Answers(metrics, model, version)
+
+    def restarted(self) -> None:
+        self._restarts.inc()
+
+    def failed(self) -> None:
+        self._failed.inc()
 
     def step(self, rows: int, seconds: float, tokens: int) -> None:
         self._step.observe(seconds)

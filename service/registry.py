@@ -9,6 +9,7 @@ reason, keeps the service not ready, and never takes the process down with it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import threading
@@ -21,10 +22,20 @@ from service.classifier import TASK as IMAGE_CLASSIFICATION
 from service.classifier import Classifier, shares_weights, warm_up_batch_sizes
 from service.engine.batching import Batcher, Intake
 from service.engine.scheduler import Scheduler
+from service.engine.supervision import Supervision
 from service.errors import ModelNotFound, ModelNotReady
+from service.faults import Faults, parse
 from service.metrics import Metrics
 from service.precision import choose
-from service.runtime import CPU, RuntimeUnavailable, SharedWeights, create_session, decoding_lanes, requested_providers
+from service.runtime import (
+    CPU,
+    RuntimeUnavailable,
+    SessionHandle,
+    SharedWeights,
+    create_session,
+    decoding_lanes,
+    requested_providers,
+)
 from service.settings import Settings
 from service.translator import TASK as TRANSLATION
 from service.translator import Translator
@@ -65,6 +76,12 @@ class ServedModel:
     @property
     def key(self) -> str:
         return f"{self.name}/{self.version}"
+
+    @property
+    def failing(self) -> str | None:
+        """Why a ready model's engine counts as unhealthy (failing again and again), or None."""
+        engine = self.batcher or self.scheduler
+        return engine.supervision.reason() if engine is not None and self.status is Status.READY else None
 
     def describe(self) -> dict:
         """The model's entry in ``GET /models``: what a client needs to call it and judge it."""
@@ -120,6 +137,7 @@ class Registry:
         self.repository_error: str | None = None
         self.added_later: set[str] = set()  # models first loaded after startup: until ready, they block nothing
         self.loaded = False  # the load pass has finished (successfully or not)
+        self.faults = Faults(parse(settings.faults or ""))  # none unless a drill asks (service/faults.py)
         self._stop = threading.Event()
 
     # ---- loading -----------------------------------------------------------------------------
@@ -216,11 +234,9 @@ class Registry:
                 if self.settings.share_classifier_weights and shares_weights(graphs)
                 else None
             )
-            handle = create_session(entry.path / graphs["model"].file, self.settings, shared)
+            handle = self._session(entry.path / graphs["model"].file, "model", shared)
             attention = (
-                create_session(entry.path / graphs["attention"].file, self.settings, shared)
-                if "attention" in graphs
-                else None
+                self._session(entry.path / graphs["attention"].file, "model", shared) if "attention" in graphs else None
             )
             model.provider = handle.provider
             model.classifier = Classifier(entry, handle, attention)
@@ -241,14 +257,19 @@ class Registry:
         finally:
             model.load_seconds = round(time.perf_counter() - started, 3)
 
+    def _session(self, graph: Path, point: str, shared: SharedWeights | None = None) -> SessionHandle:
+        """``create_session``, through the fault points a drill names (``service/faults.py``)."""
+        self.faults.hit("load", graph)
+        handle = create_session(graph, self.settings, shared)
+        session = self.faults.wrap(handle.session, point)
+        return handle if session is handle.session else dataclasses.replace(handle, session=session)
+
     def _load_translator(self, model: ServedModel, entry: Entry) -> None:
         graphs = entry.manifest.graphs
-        encoder = create_session(entry.path / graphs["encoder"].file, self.settings)
-        decoder = create_session(entry.path / graphs["decoder"].file, self.settings)
+        encoder = self._session(entry.path / graphs["encoder"].file, "encoder")
+        decoder = self._session(entry.path / graphs["decoder"].file, "decoder")
         prefix = (
-            create_session(entry.path / graphs["decoder_prefix"].file, self.settings)
-            if "decoder_prefix" in graphs
-            else None
+            self._session(entry.path / graphs["decoder_prefix"].file, "decoder") if "decoder_prefix" in graphs else None
         )
         model.provider = decoder.provider
         s = self.settings
@@ -275,6 +296,8 @@ class Registry:
             retry_after_s=s.retry_after_s,
             observer=self.metrics.for_decoder(model.name, model.version),
             lanes=decoding_lanes(s, translator.provider),
+            faults=self.faults,
+            supervision=self._supervision(model),
         )
         model.scheduler.start()
         self._mark_ready(model)
@@ -304,11 +327,18 @@ class Registry:
             instances=s.model_instances,
             intake=self.intake,
             observer=self.metrics.for_model(model.name, model.version),
+            faults=self.faults,
+            supervision=self._supervision(model),
         )
         model.batcher.start()
         self._mark_ready(model)
 
+    def _supervision(self, model: ServedModel) -> Supervision:
+        s = self.settings
+        return Supervision(model.key, s.engine_restart_limit, s.engine_restart_window_s)
+
     def _mark_ready(self, model: ServedModel) -> None:
+        self.faults.arm()  # a drill's counts start with the first request, not the warm-up
         model.status = Status.READY
         self.metrics.provider.labels(model.name, model.version, model.provider).set(1)
         self.metrics.ready.labels(model.name, model.version).set(1)
@@ -375,6 +405,7 @@ class Registry:
             reasons = ["loading the model repository"]
         if self.loaded and not self.servable():
             reasons.append(f"no model in {self.settings.model_repository} has a task this service serves")
+        reasons += [f"{m.key}: {m.failing}" for m in self.all() if m.failing]  # a balancer moves its traffic
         return not reasons, reasons
 
     def default_model_name(self, task: str = IMAGE_CLASSIFICATION) -> str | None:

@@ -345,6 +345,32 @@ class Settings(BaseSettings):
         "caller; `key`: with API keys, entries are per key, so that a caller cannot tell from `X-Cache` or the "
         "latency that another key asked for the same text (refused at start without keys).",
     )
+    response_cache_budget_ms: float = Field(
+        50.0,
+        gt=0.0,
+        le=10_000.0,
+        description="Longest a request waits for the cache's lookup, and for its store before the answer goes out "
+        "(never past its deadline): a slower Redis is left alone for a second, its requests computed without it, "
+        "and a slow store finishes in the background.",
+    )
+
+    # --- faults -------------------------------------------------------------------------------
+    engine_restart_limit: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Failures of a model's engine loops (a translation lane, a classification instance thread) "
+        "within `engine_restart_window_s` that make the model not ready; each loop is restarted, with backoff "
+        "from then on.",
+    )
+    engine_restart_window_s: float = Field(
+        60.0, gt=0.0, le=86_400.0, description="The window over which `engine_restart_limit` counts failures."
+    )
+    faults: str | None = Field(
+        None,
+        description="For fault drills and the fault suite only: failures to inject, `POINT:KIND[=SECONDS][@N][xCOUNT]` "
+        "separated by `;` (e.g. `decoder:raise@400`); see service/faults.py. Unset: none.",
+    )
 
     @property
     def requests_in_flight_bound(self) -> int:
@@ -365,6 +391,14 @@ class Settings(BaseSettings):
         from service.versions import parse_setting
 
         parse_setting(value)  # raises ValueError, which pydantic reports with the field's name
+        return value
+
+    @field_validator("faults", mode="after")
+    @classmethod
+    def _valid_faults(cls, value: str | None) -> str | None:
+        from service.faults import parse
+
+        parse(value or "")  # raises ValueError naming the rule it cannot read
         return value
 
     @field_validator("api_key_hashes", mode="after")

@@ -127,7 +127,9 @@ class RedisStore:
         self._redis = aioredis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
         )
-        self._errors = (aioredis.ConnectionError, aioredis.TimeoutError, OSError)
+        # unreachable, too slow, or refusing (full: maxmemory with noeviction answers OOM to every write)
+        self._errors = (aioredis.RedisError, OSError)
+        self._refusals = aioredis.ResponseError
         self._where = url.rsplit("@", 1)[-1]  # never log a password
 
     async def put(self, record: AttentionRecord) -> str:
@@ -136,7 +138,8 @@ class RedisStore:
             await self._redis.set(KEY_PREFIX + key, record.to_bytes(), ex=self.ttl_s)
         except self._errors as e:
             self._observer.failed("put")
-            raise StoreUnavailable(f"the attention store (Redis at {self._where}) is unreachable: {e}") from e
+            what = "refused the maps" if isinstance(e, self._refusals) else "is unreachable"
+            raise StoreUnavailable(f"the attention store (Redis at {self._where}) {what}: {e}") from e
         return key
 
     async def get(self, key: str) -> AttentionRecord | None:

@@ -48,6 +48,7 @@ class Queued:
     keys: list[str] | None = None  # with the cache: each image's key
     missing: list[int] | None = None  # with the cache: the images it did not hold, those ``future`` ranks
     cache: ResponseCache | None = None  # where the computed ones go (None: nowhere)
+    deadline: float | None = None  # the request's: a store keeps it waiting no later
 
 
 async def queue(
@@ -94,7 +95,7 @@ async def submit(
         return Queued(classifier, rows, batcher.submit(rows, attention=attention, prepared=prepared, deadline=deadline))
     options = ImageOptions(shared_weights=serving.settings.share_classifier_weights)
     keys = cache.keys("classify", ModelIdentity.of(served), options, caller.key_id).pixels(rows, prepared)
-    found = await cache.get_many("classify", keys, probabilities_decoder(len(classifier.labels)))
+    found = await cache.get_many("classify", keys, probabilities_decoder(len(classifier.labels)), deadline)
     if report is not None:
         report.looked_up(found, len(keys))
     cached = found if found is not None else [None] * len(keys)
@@ -103,7 +104,7 @@ async def submit(
     if missing:
         todo = rows if len(missing) == len(rows) else rows[missing]
         future = batcher.submit(todo, attention=False, prepared=prepared, deadline=deadline)
-    return Queued(classifier, rows, future, cached, keys, missing, cache if found is not None else None)
+    return Queued(classifier, rows, future, cached, keys, missing, cache if found is not None else None, deadline)
 
 
 async def ranking(caller: Caller, queued: Queued) -> Ranked:
@@ -119,7 +120,7 @@ async def ranking(caller: Caller, queued: Queued) -> Ranked:
     keys, cached, missing = queued.keys, queued.cached, queued.missing
     if computed is not None and queued.cache is not None:
         entries = {keys[i]: encode_probabilities(p) for i, p in zip(missing, computed.probabilities)}
-        await queued.cache.put_many("classify", entries)
+        await queued.cache.put_many("classify", entries, queued.deadline)
     if computed is not None and len(missing) == len(cached):
         return computed
     probabilities = np.empty((len(cached), len(queued.classifier.labels)), np.float64)

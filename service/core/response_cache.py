@@ -15,14 +15,18 @@ that ask for attention never use the cache: their answer holds an attention id o
 key, and their maps would have to be stored anyway; a streamed translation neither (its tokens are the
 point of it). Nothing else in an answer is per caller, so entries are shared by every key by default.
 
-The cache never fails a request: Redis unreachable or slower than ``redis_timeout_s`` makes the request
-computed as if there were no cache, counted (``result="error"``) and logged at most once a minute;
-after such a failure the cache is left alone for ``RETRY_AFTER_S`` so that a Redis that hangs does not
-cost every request its timeout.
+The cache never fails a request, nor makes it wait long: a lookup waits at most
+``response_cache_budget_ms`` (and never past the request's deadline), a store as long before the answer
+goes out and then on in the background. Redis unreachable, or slower than that, makes the request computed
+(or answered) as if there were no cache, counted (``result="error"``) and logged at most once a minute;
+after such a failure the cache is left alone for ``RETRY_AFTER_S``, so a Redis that is slow costs one request
+a second the budget, not every request its delay. Identical texts missed by concurrent requests are decoded
+once in a process (``service/core/single_flight.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -35,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from service.build import identity
+from service.core.single_flight import Flights
 from service.observers import UNOBSERVED
 from service.settings import Settings
 
@@ -171,10 +176,13 @@ class ResponseCache:
         scope: str = "shared",
         observer: CacheObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        budget_s: float = 0.05,
     ) -> None:
         import redis.asyncio as aioredis  # only a process with the cache on needs the client
 
-        self.ttl_s, self.max_entry_bytes, self.scope = ttl_s, max_entry_bytes, scope
+        self.ttl_s, self.max_entry_bytes, self.scope, self.budget_s = ttl_s, max_entry_bytes, scope, budget_s
+        self.flights = Flights()
+        self._stores: set[asyncio.Task] = set()  # stores still running after their request was answered
         self._observer = observer or UNOBSERVED
         self._clock = clock
         self._redis = aioredis.from_url(
@@ -201,24 +209,31 @@ class ResponseCache:
             settings.response_cache_max_entry_bytes,
             settings.response_cache_scope,
             observer,
+            budget_s=settings.response_cache_budget_ms / 1000.0,
         )
 
     def keys(self, operation: str, model: ModelIdentity, options: Any, key_id: str | None) -> Keys:
         """The keys of a request's items; ``key_id``, the caller's key, counts only with scope ``key``."""
         return Keys(operation, model, options, key_id if self.scope == "key" else None)
 
+    def _budget(self, deadline: float | None) -> float:
+        """How long a call may keep its request waiting: the budget, and never past the request's deadline."""
+        return self.budget_s if deadline is None else min(self.budget_s, deadline - time.monotonic())
+
     async def get_many(
-        self, operation: str, keys: Sequence[str], decode: Callable[[bytes], T | None]
+        self, operation: str, keys: Sequence[str], decode: Callable[[bytes], T | None], deadline: float | None = None
     ) -> list[T | None] | None:
-        """The entry of each key (None: not cached, or unreadable), or None when Redis could not be asked."""
+        """The entry of each key (None: not cached, or unreadable), or None when Redis could not be asked, or did
+        not answer within the budget (or the request's ``deadline``, ``time.monotonic()``)."""
         if not keys:
             return []
-        if self._clock() < self._skip_until:
+        budget = self._budget(deadline)
+        if self._clock() < self._skip_until or budget <= 0:
             self._observer.looked_up(operation, "error", len(keys))
             return None
         try:
-            blobs = await self._redis.mget(list(keys))
-        except self._errors as e:
+            blobs = await asyncio.wait_for(self._redis.mget(list(keys)), budget)
+        except (*self._errors, TimeoutError) as e:
             self._failed("get", e)
             self._observer.looked_up(operation, "error", len(keys))
             return None
@@ -231,13 +246,24 @@ class ResponseCache:
             self._observer.looked_up(operation, "miss", len(found) - hits)
         return found
 
-    async def put_many(self, operation: str, entries: dict[str, bytes]) -> None:
-        """Keep ``entries`` for ``ttl_s``, those no larger than ``max_entry_bytes``; a failure is counted and logged."""
+    async def put_many(self, operation: str, entries: dict[str, bytes], deadline: float | None = None) -> None:
+        """Keep ``entries`` for ``ttl_s``, those no larger than ``max_entry_bytes``; a failure is counted and logged.
+
+        Waits for the store at most the budget (so the same replica's next request finds it), then lets it go on
+        in the background; a store slower than the budget leaves the cache alone as a failed one does."""
         kept = {k: v for k, v in entries.items() if len(v) <= self.max_entry_bytes}
         if len(kept) < len(entries):
             self._observer.oversized(operation, len(entries) - len(kept))
         if not kept or self._clock() < self._skip_until:
             return
+        store = asyncio.ensure_future(self._store(kept))
+        self._stores.add(store)
+        store.add_done_callback(self._stores.discard)
+        done, _ = await asyncio.wait([store], timeout=max(0.0, self._budget(deadline)))
+        if not done:
+            self._failed("set", TimeoutError(f"no answer within {self.budget_s * 1000:g} ms"))
+
+    async def _store(self, kept: dict[str, bytes]) -> None:
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key, value in kept.items():
@@ -277,6 +303,8 @@ class ResponseCache:
             return False
 
     async def close(self) -> None:
+        for store in list(self._stores):  # a store in the background when the process stops is not waited for
+            store.cancel()
         await self._redis.aclose()
 
 

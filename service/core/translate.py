@@ -13,6 +13,9 @@ holds are answered from it and only the others decoded, then kept there.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
 
 from service.attention.capture import join_translation_maps, store_records, translation_record, translation_summary
 from service.core.caller import Caller, KeyedStore
@@ -24,12 +27,16 @@ from service.core.response_cache import (
     encode_translation,
 )
 from service.core.serving import Serving
+from service.core.single_flight import follow
 from service.engine.scheduler import Scheduler
-from service.errors import InvalidField
+from service.errors import InferenceFailed, InvalidField, ServiceError
+from service.logs import current_request_id
 from service.registry import ServedModel
 from service.schemas import TranslateRequest
 from service.settings import Settings
 from service.translator import Job, Limits, Translator
+
+log = logging.getLogger("attnserve.translate")
 
 
 def decode_jobs(
@@ -98,7 +105,7 @@ async def translate_texts(
     texts = body.all_texts
     keys = cache.keys("translate", ModelIdentity.of(served), options, caller.key_id)
     names = [keys.text(t) for t in texts]
-    found = await cache.get_many("translate", names, decode_translation)
+    found = await cache.get_many("translate", names, decode_translation, deadline)
     if report is not None:
         report.looked_up(found, len(texts))
     cached = found if found is not None else [None] * len(texts)
@@ -107,11 +114,23 @@ async def translate_texts(
         if entry is None:
             todo.setdefault(name, i)
     made: dict[str, dict] = {}
-    if todo:
-        fresh = await _decode(caller, serving, translator, scheduler, [jobs[i] for i in todo.values()], body, deadline)
-        made = dict(zip(todo, fresh["results"]))
-        if found is not None:  # Redis answered the lookup: keep what was decoded for the next request
-            await cache.put_many("translate", {name: encode_translation(r) for name, r in made.items()})
+    lead, following = cache.flights.split(todo)  # a text another request decodes now is not decoded twice
+    encoded: dict[str, bytes] = {}
+    try:
+        if lead:
+            fresh = await _decode(caller, serving, translator, scheduler, [jobs[todo[n]] for n in lead], body, deadline)
+            made = dict(zip(lead, fresh["results"]))
+            encoded = {name: encode_translation(r) for name, r in made.items()}
+    finally:
+        cache.flights.land(lead, encoded)
+    followed = await follow(caller.wait, following, deadline)
+    made |= {name: decode_translation(blob) for name, blob in followed.items() if blob is not None}
+    if orphans := [name for name, blob in followed.items() if blob is None]:  # their leader failed
+        fresh = await _decode(caller, serving, translator, scheduler, [jobs[todo[n]] for n in orphans], body, deadline)
+        made |= dict(zip(orphans, fresh["results"]))
+        encoded |= {name: encode_translation(made[name]) for name in orphans}
+    if encoded and found is not None:  # Redis answered the lookup: keep what was decoded for the next request
+        await cache.put_many("translate", encoded, deadline)
     results = [entry if entry is not None else made[name] for name, entry in zip(names, cached)]
     return {"model": translator.name, "version": translator.version, "results": results}
 
@@ -133,24 +152,64 @@ async def _decode(
 
     await caller.wait(asyncio.gather(*(t.future for t in tickets)), abandon)
     store = caller.store(serving.attention) if body.return_attention else None
-    return await answer(translator, jobs, body.num_return_sequences > 1, store)
+    failed = serving.metrics.failed_batches.labels(translator.name, translator.version).inc
+    return await answer(translator, jobs, body.num_return_sequences > 1, store, failed)
 
 
-async def answer(translator: Translator, jobs: list[Job], nbest: bool, store: KeyedStore | None) -> dict:
+async def answer(
+    translator: Translator,
+    jobs: list[Job],
+    nbest: bool,
+    store: KeyedStore | None,
+    failed: Callable[[], Any] | None = None,
+) -> dict:
+    """The answer of decoded jobs: markup and spans put back, attention attached; ``failed`` counts a failed run."""
     if wanted := translator.to_place(jobs, nbest):  # markup and left-out spans, by alignment
-        await asyncio.to_thread(translator.place, wanted)
+        await _off_the_loop(translator, failed, translator.place, wanted)
     results = [translator.result(job, nbest) for job in jobs]
     if store is not None:
-        await _attach_attention(results, jobs, translator, store)
+        await _attach_attention(results, jobs, translator, store, failed)
     return {"model": translator.name, "version": translator.version, "results": results}
 
 
-async def _attach_attention(results: list[dict], jobs: list[Job], translator: Translator, store: KeyedStore) -> None:
+async def _off_the_loop(
+    translator: Translator, failed: Callable[[], Any] | None, graphs: Callable[..., Any], *args: Any
+) -> Any:
+    """``graphs(*args)`` (the attention graphs' runs) in a thread; a failure there fails this request alone, with a
+    500 that names it, as a failed decoder step does."""
+    try:
+        return await asyncio.to_thread(graphs, *args)
+    except ServiceError:
+        raise
+    except Exception as e:  # onnxruntime raises its own types
+        if failed is not None:
+            failed()
+        rid = current_request_id()
+        log.error(
+            "attention graphs failed in model %s/%s; failing its request (%s)",
+            translator.name,
+            translator.version,
+            rid,
+            exc_info=e,
+        )
+        raise InferenceFailed(
+            f"inference failed in model {translator.name}/{translator.version} for request {rid}; see the server log"
+        ) from e
+
+
+async def _attach_attention(
+    results: list[dict],
+    jobs: list[Job],
+    translator: Translator,
+    store: KeyedStore,
+    failed: Callable[[], Any] | None = None,
+) -> None:
     """The returned hypotheses' attention, computed now (off the event loop) unless ``Translator.place`` did,
     summarised and stored: one record per text, its sentences' maps as the blocks of one map."""
     requests = [r for job in jobs if job.maps is None for r in job.requests]  # `place` ran the others' already
     best = [r.results()[0] for r in requests]
-    maps = iter(await asyncio.to_thread(translator.attention, [r.source for r in requests], best) if best else [])
+    sources = [r.source for r in requests]
+    maps = iter(await _off_the_loop(translator, failed, translator.attention, sources, best) if best else [])
     records, answered = [], []
     for result, job in zip(results, jobs):
         if not job.plan.sentences:  # an HTML document with nothing to translate: nothing attended to

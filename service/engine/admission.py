@@ -40,8 +40,9 @@ class Admission:
     def shutting_down(self) -> ShuttingDown:
         return ShuttingDown(f"model {self.name} is shutting down")
 
-    def failed(self) -> InferenceFailed:
-        return InferenceFailed(f"inference failed in model {self.name}; see the server log")
+    def failed(self, request_id: str | None = None) -> InferenceFailed:
+        of = f" for request {request_id}" if request_id else ""
+        return InferenceFailed(f"inference failed in model {self.name}{of}; see the server log")
 
     def deadline_exceeded(self) -> DeadlineExceeded:
         return DeadlineExceeded(f"the request's deadline passed before model {self.name} answered it")

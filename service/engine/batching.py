@@ -16,6 +16,9 @@ every request for batch-mates that never come. Instead:
 
 A request may carry a deadline: when it passes, the request is answered 504 at once, and the queue
 drops it before compute (as it drops a request whose client went away).
+
+An instance thread whose loop raises outside onnxruntime (a bug, an injected fault) answers the batch it
+held 500, logs the traceback once and goes on under ``service/engine/supervision.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.engine.admission import Admission
+from service.engine.supervision import Supervision
+from service.faults import NONE, Faults
 from service.logs import current_request_id
 from service.observers import UNOBSERVED
 
@@ -57,6 +62,7 @@ class BatchObserver(Protocol):
     def queue_depth(self, images: int) -> None: ...
     def dropped(self, requests: int) -> None: ...
     def rejected(self) -> None: ...
+    def restarted(self) -> None: ...
     def answered(self, seconds: float, ok: bool) -> None: ...
 
 
@@ -230,6 +236,8 @@ class Batcher:
         instances: int = 1,
         intake: Intake | None = None,
         observer: BatchObserver | None = None,
+        faults: Faults = NONE,
+        supervision: Supervision | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError(f"need at least one instance, got {instances}")
@@ -247,6 +255,8 @@ class Batcher:
         self._observer = observer or UNOBSERVED
         self._admission = Admission(name, retry_after_s, self._observer)
         self._instances = instances
+        self._faults = faults
+        self.supervision = supervision or Supervision(name)
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -351,13 +361,47 @@ class Batcher:
     def _serve(self) -> None:
         wakeup = threading.Event()
         while True:
-            batch, abandoned = self._next_batch(wakeup)
-            if batch is None:
-                return
-            if batch:
-                self._compute(batch, abandoned, wakeup)
-            elif abandoned:
-                self._post(self._observer.dropped, len(abandoned))
+            batch: list[Pending] | None = []
+            counted = False  # the batch counts in _computing, which _compute releases however it ends
+            try:
+                batch, abandoned = self._next_batch(wakeup)
+                if batch is None:
+                    return
+                counted = bool(batch)
+                self._faults.hit("batcher")
+                if batch:
+                    counted = False
+                    self._compute(batch, abandoned, wakeup)
+                elif abandoned:
+                    self._post(self._observer.dropped, len(abandoned))
+            except Exception as error:  # noqa: BLE001 - the batch it held is answered, and the thread goes on
+                if counted:
+                    with self._lock:
+                        self._computing -= 1
+                backoff = self._instance_failed(batch or [], error)
+                if backoff and not self._admission.closed:
+                    time.sleep(backoff)
+
+    def _instance_failed(self, batch: list[Pending], error: Exception) -> float:
+        """On the instance thread: its batch answered 500 (each request named), logged once, counted; returns
+        the seconds to wait before the thread takes work again."""
+        log.error(
+            "an instance thread of model %s failed; answering its batch's %d requests 500 (%s) and going on",
+            self.name,
+            len(batch),
+            ", ".join(str(p.request_id) for p in batch) or "none",
+            exc_info=error,
+        )
+        self._post(self._fail_batch, batch)
+        return self.supervision.failed(error)
+
+    def _fail_batch(self, batch: list[Pending]) -> None:
+        self._observer.restarted()
+        for p in batch:
+            if p.timer is not None:
+                p.timer.cancel()
+            if not p.future.done():
+                p.future.set_exception(self._admission.failed(p.request_id))
 
     def _next_batch(self, wakeup: threading.Event) -> tuple[list[Pending] | None, list[Pending]]:
         """Block until there is work; None at shutdown. Holds off for batch-mates only while another
@@ -457,7 +501,7 @@ class Batcher:
         except Exception as e:
             observer.batch_finished(images, ended - started, ok=False)
             log.error(
-                "batch of %d images failed in model %s; failing its requests %s",
+                "batch of %d images failed in model %s; failing its requests (%s)",
                 images,
                 self.name,
                 ", ".join(str(p.request_id) for p in batch),
@@ -465,7 +509,7 @@ class Batcher:
             )
             for p in batch:
                 if not p.future.done():
-                    p.future.set_exception(self._admission.failed())
+                    p.future.set_exception(self._admission.failed(p.request_id))
             return
         observer.batch_finished(images, ended - started, ok=True)
         offset = 0

@@ -88,6 +88,12 @@ def advance(layers: int, cache: np.dtype, scores: np.dtype) -> bytes:
     return model("advance", nodes, inputs, outputs)
 
 
+def pick(scores: np.dtype) -> bytes:
+    """Rows ``rows`` (R,) of a step's ``log_probs`` (rows, V): bound to the host, only those rows cross from the device."""
+    nodes = [node("Gather", ["log_probs", "rows"], ["picked"], axis=0)]
+    return model("pick", nodes, {"log_probs": (scores, 2), "rows": VECTOR}, {"picked": (scores, 2)})
+
+
 def reorder(layers: int, cache: np.dtype) -> bytes:
     """Beams reordered in place: cache rows ``moved`` (m, 1) take the rows ``sources`` (m,) held (gathered first)."""
     nodes = []

@@ -64,6 +64,7 @@ class CacheGraphs:
         scores = _dtype(decoder.get_outputs(), "log_probs")
         self.cache = cache
         self.advance = self._session(cache_graphs.advance(layers, cache, scores))
+        self.pick = self._session(cache_graphs.pick(scores))
         self.reorder = self._session(cache_graphs.reorder(layers, cache))
         self.take = self._session(cache_graphs.take(layers, cache, self.source))
         self.join = self._session(cache_graphs.join(layers, cache, self.source))
@@ -179,17 +180,22 @@ class ResidentDecoder:
 
 
 class DeviceScores:
-    """A step's best candidates, brought to the host; the whole log-probs only if asked for."""
+    """A step's best candidates, brought to the host; the log-probs of the rows asked for, and only those."""
 
-    def __init__(self, ids: np.ndarray, values: np.ndarray, log_probs: ort.OrtValue) -> None:
-        self.ids, self.values, self._log_probs = ids, values, log_probs
+    def __init__(self, ids: np.ndarray, values: np.ndarray, log_probs: ort.OrtValue, graphs: CacheGraphs) -> None:
+        self.ids, self.values, self._log_probs, self._graphs = ids, values, log_probs, graphs
         self._constrained: dict[int, np.ndarray] = {}  # row -> its log-probs with what it may not emit at -inf
 
     def best(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.ids[rows, :k], self.values[rows, :k]
 
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """The log-probs of ``rows`` on the host: a gather on the device first, so a GPU sends (R, V), not (B, V)."""
+        feeds = {"log_probs": self._log_probs, "rows": np.ascontiguousarray(rows, dtype=np.int64)}
+        return self._graphs.run(self._graphs.pick, feeds, {"picked": "cpu"})["picked"].numpy()
+
     def full(self, rows: np.ndarray) -> np.ndarray:
-        out = self._log_probs.numpy()[rows]  # a copy from a GPU; on the CPU a view, copied by whoever keeps it
+        out = self.rows(rows)
         for i, row in enumerate(rows.tolist()):
             if row in self._constrained:
                 out[i] = self._constrained[row]
@@ -200,7 +206,7 @@ class DeviceScores:
         candidates are found again: the device's TopK ranked what they may not emit."""
         rows = np.array([r for where, *_ in limits for r in where], dtype=np.int64)
         local = {r: i for i, r in enumerate(rows.tolist())}
-        host = self._log_probs.numpy()[rows]
+        host = self.rows(rows)
         apply(host, [([local[r] for r in where], *rest) for where, *rest in limits])
         ids, values = top_candidates(host, self.ids.shape[1])
         self.ids, self.values = self.ids.copy(), self.values.copy()
@@ -300,7 +306,7 @@ class DeviceBatch:
         top = g.run(g.advance, feeds, {"top_values": "cpu", "top_ids": "cpu", **written})
         self._mask[:, self.width] = True
         self.width += 1
-        scores = DeviceScores(top["top_ids"].numpy(), top["top_values"].numpy(), self._outputs["log_probs"])
+        scores = DeviceScores(top["top_ids"].numpy(), top["top_values"].numpy(), self._outputs["log_probs"], g)
         finished, keep, order, tokens = plan(self.requests, advance(self.requests, scores, spec.eos_id))
         if finished:
             return finished, self._take(order, keep, tokens)

@@ -16,7 +16,10 @@ submission waiting for a busy one.
 A request whose client went away is marked ``cancelled`` by its handler and leaves the batch at the
 next step, freeing its rows (a beam all of them). So does a request whose deadline passed, marked by
 a timer that answers it 504 at once; one still waiting never reaches the encoder. A decoder failure
-fails the requests in that batch and nothing else.
+fails the requests in that batch and nothing else. A lane whose loop itself raises (a bug, an injected
+fault) answers the requests it held 500 naming each request id, logs the traceback once, and restarts
+under ``service/engine/supervision.py``: what waits for it stays queued, and the other lanes take it
+when they have rows free.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ from typing import Protocol
 from contract.decoding import Batch, DecodeBatch, DecodeRequest, concatenate, step
 from service.engine.admission import Admission
 from service.engine.batching import succeeded
+from service.engine.supervision import Supervision
 from service.errors import InvalidField, TextTooLong
+from service.faults import NONE, Faults
+from service.logs import current_request_id
 from service.observers import UNOBSERVED
 from service.translator import Translator
 
@@ -55,6 +61,8 @@ class DecodeObserver(Protocol):
     def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None: ...
     def cancelled(self) -> None: ...
     def rejected(self) -> None: ...
+    def restarted(self) -> None: ...
+    def failed(self) -> None: ...
     def answered(self, seconds: float, ok: bool) -> None: ...
 
 
@@ -73,6 +81,7 @@ class Ticket:
     first_token_at: float | None = None
     streamed: int = 0
     group: int = 0  # the submission it came in: a submission's tickets decode in one lane
+    request_id: str | None = field(default_factory=current_request_id)  # to name it in errors and logs
 
     def cancel(self) -> None:
         self.request.cancelled = True
@@ -86,6 +95,7 @@ class Lane:
     """One decoding loop: its running batch, the tickets decoding in it, and the thread that steps it."""
 
     executor: ThreadPoolExecutor
+    index: int = 0
     batch: Batch | None = None
     rows: int = 0
     running: dict[int, Ticket] = field(default_factory=dict)
@@ -94,6 +104,8 @@ class Lane:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
     joined: list[Ticket] = field(default_factory=list)  # joining this hop: their first token is its first step's
+    fault: Exception | None = None  # raised by a settle the thread posted: the lane fails when its hop returns
+    down: bool = False  # failed, waiting to restart: the other lanes take what waits for it
 
     @property
     def load(self) -> int:
@@ -111,6 +123,8 @@ class Scheduler:
         retry_after_s: int = 1,
         observer: DecodeObserver | None = None,
         lanes: int = 1,
+        faults: Faults = NONE,
+        supervision: Supervision | None = None,
     ) -> None:
         if max_running_rows < 1 or max_waiting_rows < 1 or lanes < 1:
             raise ValueError("max_running_rows, max_waiting_rows and lanes must be >= 1")
@@ -121,8 +135,10 @@ class Scheduler:
         self._observer = observer or UNOBSERVED
         self._admission = Admission(name, retry_after_s, self._observer)
         self._groups = itertools.count()
+        self._faults = faults
+        self.supervision = supervision or Supervision(name)
         self.lanes = [
-            Lane(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{name}" + (f"-{i}" if i else "")))
+            Lane(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{name}" + (f"-{i}" if i else "")), i)
             for i in range(lanes)
         ]
 
@@ -175,7 +191,8 @@ class Scheduler:
                 t.timer = loop.call_later(deadline - time.monotonic(), self._expire, t)
         for t in tickets:
             t.future.add_done_callback(self._answered_after(t))
-        lane = min(self.lanes, key=lambda lane: lane.load)  # the first of the least loaded
+        up = [lane for lane in self.lanes if not lane.down] or self.lanes
+        lane = min(up, key=lambda lane: lane.load)  # the first of the least loaded
         lane.waiting.extend(tickets)
         lane.waiting_rows += rows
         self._observer.occupancy(self.running_rows, self.waiting_rows)
@@ -213,7 +230,7 @@ class Scheduler:
     def start(self) -> None:
         loop = self._event_loop = asyncio.get_running_loop()
         for i, lane in enumerate(self.lanes):
-            lane.task = loop.create_task(self._loop(lane), name=f"scheduler-{self.name}-{i}")
+            lane.task = loop.create_task(self._supervise(lane), name=f"scheduler-{self.name}-{i}")
 
     async def stop(self) -> None:
         self._admission.closed = True
@@ -223,9 +240,11 @@ class Scheduler:
                 with contextlib.suppress(asyncio.CancelledError):
                     await lane.task
         self._fail(self._waiting + list(self._running.values()), self._admission.shutting_down())
-        for lane in self.lanes:
+        for lane in self.lanes:  # answered: a hop still on its thread settles none of them again
             lane.waiting.clear()
             lane.waiting_rows = 0
+            lane.running.clear()
+            lane.rows = 0
         for lane in self.lanes:
             await asyncio.to_thread(lane.executor.shutdown, wait=True)
 
@@ -241,14 +260,29 @@ class Scheduler:
         return bool(lane.waiting)
 
     def _steal(self, lane: Lane) -> None:
-        """An idle lane takes the oldest submission waiting for a busy lane, whole (its sentences stay together)."""
-        busy = [other for other in self.lanes if other is not lane and other.batch is not None and other.waiting]
-        if not busy:
+        """The lane takes the oldest submission waiting for another lane, whole (its sentences stay together):
+        an idle lane from any lane that is busy or down; a lane with rows free, a submission that fits them
+        and that its own lane has no room to start now."""
+        free = None if lane.batch is None else self.max_running_rows - lane.rows
+        if free is not None and free <= 0:
             return
-        victim = max(busy, key=lambda other: other.waiting_rows)
+        candidates = []
+        for other in self.lanes:
+            if other is lane or not other.waiting:
+                continue
+            group = other.waiting[0].group
+            if any(t.group == group for t in other.running.values()):
+                continue  # begun there: its other sentences join the same batch
+            rows = _head_rows(other.waiting)
+            stuck = other.down or (
+                other.batch is not None and (free is None or other.rows + rows > self.max_running_rows)
+            )
+            if stuck and (free is None or rows <= free):
+                candidates.append(other)
+        if not candidates:
+            return
+        victim = max(candidates, key=lambda other: other.waiting_rows)
         group = victim.waiting[0].group
-        if any(t.group == group for t in victim.running.values()):
-            return  # begun there: its other sentences join the same batch
         while victim.waiting and victim.waiting[0].group == group:
             ticket = victim.waiting.popleft()
             victim.waiting_rows -= ticket.request.beam
@@ -276,19 +310,57 @@ class Scheduler:
             lane.waiting.popleft()
             lane.waiting_rows -= head.request.beam
             lane.rows += head.request.beam
+            lane.running[head.request.id] = head  # the lane's from now on: answered if it fails
             joining.append(head)
         return joining
+
+    async def _supervise(self, lane: Lane) -> None:
+        """Runs the lane's loop, and again after it raised: its requests answered, the failure logged and counted."""
+        while True:
+            try:
+                await self._loop(lane)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - whatever it was, the lane's requests get an answer
+                backoff = self._lane_failed(lane, error)
+                if backoff:
+                    lane.down = True
+                    for other in self.lanes:  # they may take what waits for this lane
+                        other.wakeup.set()
+                    await asyncio.sleep(backoff)
+                    lane.down = False
+
+    def _lane_failed(self, lane: Lane, error: Exception) -> float:
+        """Answers the lane's running requests 500 (each naming its request id) and resets the lane; returns
+        the seconds to wait before it restarts."""
+        tickets = list(lane.running.values())
+        lane.running.clear()
+        lane.rows, lane.batch, lane.joined, lane.fault = 0, None, [], None
+        log.error(
+            "lane %d of model %s failed; answering its %d running requests 500 (%s) and restarting it",
+            lane.index,
+            self.name,
+            len(tickets),
+            _ids(tickets),
+            exc_info=error,
+        )
+        for t in tickets:
+            self._fail([t], self._admission.failed(t.request_id))
+        self._observer.restarted()
+        self._observer.occupancy(self.running_rows, self.waiting_rows)
+        return self.supervision.failed(error)
 
     async def _loop(self, lane: Lane) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if lane.batch is None and not lane.waiting:
+            if not lane.waiting:
                 self._steal(lane)
             if lane.batch is None and not lane.waiting:
                 lane.wakeup.clear()
                 await lane.wakeup.wait()
                 continue
             joining = self._admit(lane)
+            self._faults.hit("lane")
             if lane.batch is None and not joining:
                 continue
             lane.batch = await self._hop(loop, lane, joining)
@@ -344,6 +416,7 @@ class Scheduler:
                 lane.joined = []
             if (
                 not len(batch)
+                or lane.fault is not None
                 or streaming
                 or (ran >= JOIN_EVERY and self._joinable(lane))
                 or ran >= MAX_STEPS_PER_HOP
@@ -351,14 +424,13 @@ class Scheduler:
             ):
                 return finished, batch, steps
             if finished:
-                loop.call_soon_threadsafe(self._settle, lane, finished, steps)
+                loop.call_soon_threadsafe(self._settle_posted, lane, finished, steps)
                 steps = []
 
     async def _hop(self, loop, lane: Lane, joining: list[Ticket]) -> Batch | None:
         now = time.perf_counter()
         for t in joining:
             t.started_at = now
-            lane.running[t.request.id] = t
         streaming = any(t.events is not None for t in lane.running.values())
         lane.joined = list(joining)
         try:
@@ -369,22 +441,33 @@ class Scheduler:
             raise  # stop() fails what runs and waits
         except Exception:
             tickets = list(lane.running.values())
-            log.exception("decoder step failed in model %s; failing its %d running requests", self.name, len(tickets))
+            log.exception(
+                "decoder step failed in model %s; failing its %d running requests (%s)",
+                self.name,
+                len(tickets),
+                _ids(tickets),
+            )
             lane.running.clear()
             lane.rows = 0
-            self._fail(tickets, self._admission.failed())
+            self._observer.failed()
+            for t in tickets:
+                self._fail([t], self._admission.failed(t.request_id))
             return None
+        if lane.fault is not None:
+            raise lane.fault
         if error is not None:
             log.error(
-                "encoder failed in model %s; failing the %d requests that were joining",
+                "encoder failed in model %s; failing the %d requests that were joining (%s)",
                 self.name,
                 len(joining),
+                _ids(joining),
                 exc_info=error,
             )
             for t in joining:
                 lane.running.pop(t.request.id, None)
+                self._fail([t], self._admission.failed(t.request_id))
             lane.rows -= sum(t.request.beam for t in joining)
-            self._fail(joining, self._admission.failed())
+            self._observer.failed()
         self._settle(lane, finished, steps)
         if batch is None or not len(batch):
             return None
@@ -392,6 +475,13 @@ class Scheduler:
         for req in batch.requests:
             self._stream(lane.running[req.id], now, finished=False)
         return batch
+
+    def _settle_posted(self, lane: Lane, finished: list[DecodeRequest], steps: list) -> None:
+        """``_settle`` posted by the lane's thread mid-hop: what it raises fails the lane once the hop returns."""
+        try:
+            self._settle(lane, finished, steps)
+        except Exception as error:  # noqa: BLE001 - re-raised in the lane's loop by _hop
+            lane.fault = lane.fault or error
 
     def _settle(self, lane: Lane, finished: list[DecodeRequest], steps: list[tuple[int, float, int, float]]) -> None:
         """On the event loop: the steps' metrics, and the finished requests answered and their rows freed."""
@@ -460,3 +550,17 @@ class Scheduler:
                 t.future.set_exception(error)
                 if t.events is not None:
                     t.future.exception()  # a stream reads the error from its events; nobody awaits this future
+
+
+def _ids(tickets: list[Ticket]) -> str:
+    return ", ".join(str(t.request_id) for t in tickets) or "none"
+
+
+def _head_rows(waiting: deque[Ticket]) -> int:
+    """The rows of the first submission waiting (its tickets come one after the other)."""
+    rows, group = 0, waiting[0].group
+    for t in waiting:
+        if t.group != group:
+            break
+        rows += t.request.beam
+    return rows

@@ -53,7 +53,12 @@ class InferenceService(GRPCInferenceServiceServicer):
             model = versions.get(request.version)
         else:
             model = self.serving.registry.models.get(request.name) if versions else None
-        ready = model is not None and model.status is Status.READY and not self.serving.draining.active
+        ready = (
+            model is not None
+            and model.status is Status.READY
+            and not model.failing
+            and not self.serving.draining.active
+        )
         return pb.ModelReadyResponse(ready=ready)
 
     @rpc("ServerMetadata")

@@ -8,7 +8,6 @@ Debian template, judged by ``msgfmt --check``, is test_po_e2e.py.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import httpx
@@ -17,6 +16,7 @@ import pytest
 from attnserve_client import InvalidFieldError, TranslatedCatalog, po
 from attnserve_client.cli import main
 
+from tests.ci import needs_tool
 from tests.client.sdk_testing import error
 from tests.service.service_testing import free_port
 
@@ -203,7 +203,7 @@ def test_language_mistakes_are_refused_with_what_to_do():
     )  # no plural entry: no Plural-Forms needed
 
 
-@pytest.mark.skipif(shutil.which("msgfmt") is None, reason="msgfmt (Debian's gettext) is not installed")
+@needs_tool("msgfmt", "Debian's gettext: make system-deps")
 def test_the_written_catalog_passes_msgfmt_check(tmp_path):
     catalog, _ = filled()
     catalog.save(str(tmp_path / "de.po"))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from export import evaluate_placeholders
 from model.cli import CliError
 from model.translation.textio import write_tsv
+from tests.ci import needs_tool
 from tests.conftest import ROOT
 
 ENTRY = ROOT / "models" / "translator" / "3"
@@ -19,7 +19,7 @@ PAIRS = [
     ("<b>Warning:</b> %d files left", "<b>Warnung:</b> %d Dateien übrig"),
 ]
 
-pytestmark = pytest.mark.skipif(shutil.which("msgfmt") is None, reason="needs GNU msgfmt (apt-get install gettext)")
+pytestmark = needs_tool("msgfmt", "Debian's gettext: make system-deps")
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from export.placeholder_metrics import (
@@ -15,8 +13,9 @@ from export.placeholder_metrics import (
     msgfmt_check,
     po_file,
 )
+from tests.ci import needs_tool
 
-needs_msgfmt = pytest.mark.skipif(shutil.which("msgfmt") is None, reason="needs GNU msgfmt (apt-get install gettext)")
+needs_msgfmt = needs_tool("msgfmt", "Debian's gettext: make system-deps")
 
 # (source, translation, span judge, msgfmt judge)
 CASES = [

@@ -67,6 +67,7 @@ EXPORTED = {
     "attnserve_dropped_requests": ("counter", {"model", "version"}),
     "attnserve_model_load_failures": ("counter", {"model", "version"}),
     "attnserve_failed_batches": ("counter", {"model", "version"}),
+    "attnserve_engine_restarts": ("counter", {"model", "version"}),
     "attnserve_generated_tokens": ("counter", {"model", "version"}),
     "attnserve_running_sequences": ("gauge", {"model", "version"}),
     "attnserve_waiting_sequences": ("gauge", {"model", "version"}),

@@ -11,9 +11,11 @@ import asyncio
 import dataclasses
 import logging
 import shutil
+import time
 
 import numpy as np
 import pytest
+import redis as redis_py
 
 from service import build
 from service.core import response_cache
@@ -253,3 +255,54 @@ def test_the_cache_exists_only_when_enabled():
     ).text(TEXT)
     asyncio.run(cache.close())
     asyncio.run(shared.close())
+
+
+def test_a_redis_slower_than_the_budget_keeps_no_request_waiting_past_it(redis):
+    """A real Redis 300 ms late behind a delaying proxy: the lookup is given up at the budget (a failure, then a
+    second without asking), a store keeps its request no longer than the budget and lands in the background."""
+    from benchmarks.delay_proxy import DelayProxy
+
+    metrics, clock = Metrics(), Clock()
+    stored = key(text="stored in the background")
+
+    async def scenario(cache) -> tuple:
+        started = time.monotonic()
+        looked = await cache.get_many("translate", [key(text="slow")], decode_translation)
+        lookup_s = time.monotonic() - started
+        clock.now += 1.5  # past the second the cache is left alone
+        started = time.monotonic()
+        await cache.put_many("translate", {stored: b'{"translation": "x"}'})
+        store_s = time.monotonic() - started
+        for _ in range(100):  # the store goes on (a new connection's handshake is slow too) and lands
+            if not cache._stores:
+                break
+            await asyncio.sleep(0.05)
+        await cache.close()
+        return looked, lookup_s, store_s
+
+    with DelayProxy(redis.port, 0.3) as proxy:
+        cache = ResponseCache(
+            proxy.url, 60, 2.0, 65536, observer=metrics.for_response_cache(), clock=clock, budget_s=0.05
+        )
+        looked, lookup_s, store_s = asyncio.run(scenario(cache))
+    assert looked is None and lookup_s < 0.3 and store_s < 0.3  # neither waited for Redis's 300 ms
+    assert redis_py.Redis(port=redis.port).get(stored) == b'{"translation": "x"}'
+    c = counted(metrics)
+    assert c[("attnserve_response_cache_failures_total", "get")] == 1
+    assert c[("attnserve_response_cache_failures_total", "set")] == 1  # too slow: the cache is left alone again
+
+
+def test_a_lookup_is_never_made_past_the_requests_deadline(redis):
+    metrics = Metrics()
+
+    async def scenario() -> list | None:
+        cache = ResponseCache(redis.url, 60, 2.0, 65536, observer=metrics.for_response_cache())
+        try:
+            return await cache.get_many("translate", [key()], decode_translation, deadline=time.monotonic() - 0.01)
+        finally:
+            await cache.close()
+
+    assert asyncio.run(scenario()) is None
+    c = counted(metrics)
+    assert c[("attnserve_response_cache_lookups_total", "translate", "error")] == 1
+    assert ("attnserve_response_cache_failures_total", "get") not in c  # Redis was not asked: nothing failed

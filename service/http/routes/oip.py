@@ -75,6 +75,8 @@ async def model_ready(request: Request, serving: Serving) -> Response:
         return protocol_error_response(503, "draining", f"model {model.key}: the service is draining")
     if model.status is not Status.READY:
         return protocol_error_response(503, "model_not_ready", f"model {model.key} is {model.status.value}")
+    if model.failing:
+        return protocol_error_response(503, "model_not_ready", f"model {model.key}: {model.failing}")
     return json_answer({"name": model.name, "ready": True})
 
 

@@ -19,6 +19,7 @@ import time
 import httpx
 import pytest
 
+from tests.ci import missing
 from tests.conftest import ROOT
 from tests.service.service_testing import metric_value, serving
 
@@ -45,7 +46,7 @@ def open_files():
         try:  # raising the hard limit needs root (CAP_SYS_RESOURCE), as CI runs
             resource.setrlimit(resource.RLIMIT_NOFILE, (needed, raised))
         except (ValueError, OSError):
-            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {needed}, and this user may not raise it")
+            missing(f"RLIMIT_NOFILE hard limit {hard} < {needed}, and this user may not raise it")
     yield
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
