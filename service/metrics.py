@@ -239,9 +239,11 @@ class Metrics:
         self.connections_closed = Counter(
             "attnserve_http_connections_closed",
             "HTTP connections the service closed to protect itself, by reason: `header_timeout` (its request line "
-            "and headers took longer than ATTNSERVE_HEADER_TIMEOUT_S), `evicted` (it waited longest for a request "
-            "when a new connection came at the connection bound), `refused` (a new connection at the bound while "
-            "every connection had a request in progress: 503).",
+            "and headers took longer than ATTNSERVE_HEADER_TIMEOUT_S), `write_timeout` (its client read nothing of "
+            "its answer for ATTNSERVE_WRITE_TIMEOUT_S), `evicted` (it waited longest for a request when a new "
+            "connection came at the connection bound), `evicted_unread` (then, its answer unread longest), "
+            "`evicted_body` (then, its body arriving longest), `refused` (a new connection at the bound while every "
+            "connection had a request in progress: 503).",
             ["reason"],
             registry=r,
         )
@@ -468,7 +470,8 @@ class ConnectionMetrics:
 
     def __init__(self, metrics: Metrics) -> None:
         self._open = metrics.connections
-        self._closed = {r: metrics.connections_closed.labels(r) for r in ("header_timeout", "evicted", "refused")}
+        reasons = ("header_timeout", "write_timeout", "evicted", "evicted_unread", "evicted_body", "refused")
+        self._closed = {r: metrics.connections_closed.labels(r) for r in reasons}
 
     def open(self, count: int) -> None:
         self._open.set(count)

@@ -60,7 +60,11 @@ def create_app(settings: Settings | None = None) -> App:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         connections.PROCESS.configure(
-            settings.header_timeout_s, settings.connection_bound, metrics.for_connections(), settings.retry_after_s
+            settings.header_timeout_s,
+            settings.connection_bound,
+            metrics.for_connections(),
+            settings.retry_after_s,
+            settings.write_timeout_s,
         )
         async with running(settings, metrics, keys, in_flight) as serving:
             app.state.serving = serving

@@ -112,13 +112,21 @@ class Settings(BaseSettings):
         "keep-alive connection from the first byte of its next request; a slower one (slowloris) gets 408 "
         "`request_timeout` and its connection is closed. Also the gRPC port's handshake timeout.",
     )
+    write_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=3600.0,
+        description="Longest an answer may wait for a client that does not read it (the connection's send buffer "
+        "full): past it the connection is dropped and the handler released.",
+    )
     max_connections: int = Field(
         0,
         ge=0,
         le=1_000_000,
         description="Most HTTP connections the process holds, and most gRPC connections: at the bound a new HTTP "
         "connection closes the one that has waited longest for a request (headers incomplete, or idle between "
-        "requests), or, when every connection has a request in progress, gets 503 `overloaded` and is closed; a "
+        "requests), else the one whose answer has gone unread longest, else the one whose body has been arriving "
+        "longest, or, when every connection has a request in progress, gets 503 `overloaded` and is closed; a "
         "new gRPC connection is closed. 0: half of the process's open-file limit (RLIMIT_NOFILE) less 256, at most "
         "4096.",
     )

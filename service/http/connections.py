@@ -10,11 +10,15 @@ picks for ``http="auto"``) with two additions, both kept in the process's ``Conn
   ``ATTNSERVE_HEADER_TIMEOUT_S`` of its opening, or else gets 408 and is closed. On a keep-alive
   connection the timer starts with the first byte of the next request: the idle time before it is
   ``ATTNSERVE_KEEP_ALIVE_S``'s, which must stay longer than the proxies' in front (see the settings);
+- a write timeout: a connection whose client stops reading (the transport's buffer full, writing paused)
+  for ``ATTNSERVE_WRITE_TIMEOUT_S`` is aborted, and the handler waiting to send is released;
 - a connection bound: at ``Settings.connection_bound`` open connections a new one first closes the
   connection that has waited longest for a request (its headers incomplete, or idle between requests),
   as nginx reuses its idle connections; legitimate clients send their headers at once, so under a
-  slowloris it is the attacker's that go. Only when every connection has a request in progress is the
-  new one answered 503 ``overloaded`` and closed.
+  slowloris it is the attacker's that go. Failing that, the one whose client has not read its answer the
+  longest (writing paused), then the one whose body has been arriving the longest: a trickled body or an
+  unread answer holds a connection only until a connection is wanted. Only when every connection has a
+  request in progress (received and not stalled) is the new one answered 503 ``overloaded`` and closed.
 
 Counted by ``attnserve_http_connections`` (open now) and ``attnserve_http_connections_closed_total``
 (by reason). ``python -m service`` gives uvicorn this protocol; the service's lifespan configures the
@@ -35,7 +39,9 @@ from service.observers import UNOBSERVED
 class ConnectionObserver(Protocol):
     def open(self, count: int) -> None: ...
 
-    def closed(self, reason: str) -> None: ...  # header_timeout, evicted, refused
+    def closed(
+        self, reason: str
+    ) -> None: ...  # header_timeout, write_timeout, evicted, evicted_unread, evicted_body, refused
 
 
 class Connections:
@@ -43,47 +49,74 @@ class Connections:
 
     def __init__(self) -> None:
         self.header_timeout_s = 10.0
+        self.write_timeout_s = 30.0
         self.limit = 4096
         self.retry_after_s = 1
         self.observer: ConnectionObserver = UNOBSERVED
         self.open: set[GuardedProtocol] = set()
-        self.waiting: dict[GuardedProtocol, None] = {}  # insertion order: the one waiting longest first
+        # insertion order in each: the longest first
+        self.waiting: dict[GuardedProtocol, None] = {}  # for a request: headers incomplete, or idle
+        self.unread: dict[GuardedProtocol, None] = {}  # writing paused: the client does not read its answer
+        self.receiving: dict[GuardedProtocol, None] = {}  # headers in, the body still arriving
 
     def configure(
-        self, header_timeout_s: float, limit: int, observer: ConnectionObserver, retry_after_s: int = 1
+        self,
+        header_timeout_s: float,
+        limit: int,
+        observer: ConnectionObserver,
+        retry_after_s: int = 1,
+        write_timeout_s: float = 30.0,
     ) -> None:
-        self.header_timeout_s, self.limit, self.observer, self.retry_after_s = (
-            header_timeout_s,
-            limit,
-            observer,
-            retry_after_s,
-        )
+        self.header_timeout_s, self.limit, self.observer = header_timeout_s, limit, observer
+        self.retry_after_s, self.write_timeout_s = retry_after_s, write_timeout_s
 
     def admit(self, conn: GuardedProtocol) -> bool:
         """Count ``conn`` in, waiting for its first request; at the bound, first close the connection that has
-        waited longest. False when none waits: ``conn`` is to be refused."""
+        waited longest for a request, else the one whose answer has gone unread longest, else the one whose body
+        has been arriving longest. False when there is none: ``conn`` is to be refused."""
         if len(self.open) >= self.limit:
-            if not self.waiting:
+            for group, reason in (
+                (self.waiting, "evicted"),
+                (self.unread, "evicted_unread"),
+                (self.receiving, "evicted_body"),
+            ):
+                if group:
+                    oldest = next(iter(group))
+                    self.forget(oldest)
+                    self.observer.closed(reason)
+                    oldest.transport.abort()  # nothing to flush that anyone will read
+                    break
+            else:
                 self.observer.closed("refused")
                 return False
-            oldest = next(iter(self.waiting))
-            self.forget(oldest)
-            self.observer.closed("evicted")
-            oldest.transport.close()
         self.open.add(conn)
         self.waiting[conn] = None
         self.observer.open(len(self.open))
         return True
 
+    def receiving_body(self, conn: GuardedProtocol) -> None:
+        self.waiting.pop(conn, None)
+        if conn in self.open:
+            self.receiving[conn] = None
+
     def busy(self, conn: GuardedProtocol) -> None:
         self.waiting.pop(conn, None)
+        self.receiving.pop(conn, None)
 
     def idle(self, conn: GuardedProtocol) -> None:
         if conn in self.open:
             self.waiting[conn] = None
 
+    def stalled(self, conn: GuardedProtocol, stalled: bool) -> None:
+        if not stalled:
+            self.unread.pop(conn, None)
+        elif conn in self.open:
+            self.unread[conn] = None
+
     def forget(self, conn: GuardedProtocol) -> None:
         self.waiting.pop(conn, None)
+        self.unread.pop(conn, None)
+        self.receiving.pop(conn, None)
         if conn in self.open:
             self.open.discard(conn)
             self.observer.open(len(self.open))
@@ -96,6 +129,7 @@ class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with a request-header timeout and the process's connection bound."""
 
     _header_timer: asyncio.TimerHandle | None = None
+    _write_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -112,8 +146,23 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
-        PROCESS.busy(self)
+        PROCESS.receiving_body(self)
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        PROCESS.busy(self)
+        super().on_message_complete()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        PROCESS.stalled(self, True)
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(PROCESS.write_timeout_s, self._not_read)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        PROCESS.stalled(self, False)
+        self._cancel_write_timer()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -122,6 +171,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_write_timer()
         PROCESS.forget(self)
         super().connection_lost(exc)
 
@@ -132,6 +182,21 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _not_read(self) -> None:
+        """The client has not read its answer for the write timeout: drop the connection (and what it buffered),
+        which releases the handler waiting to send."""
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        PROCESS.forget(self)
+        PROCESS.observer.closed("write_timeout")
+        self.transport.abort()
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
