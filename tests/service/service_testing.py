@@ -121,12 +121,13 @@ class SubprocessServer(Server):
             return self.proc.wait()
 
 
-def start_subprocess_server(tmp_path: Path, repository: Path, **settings: str) -> SubprocessServer:
+def start_subprocess_server(tmp_path: Path, repository: Path, root: Path = ROOT, **settings: str) -> SubprocessServer:
+    """``python -m service`` of the source tree ``root`` (this checkout unless another build is wanted)."""
     port = free_port()
     env = {
         **os.environ,
         **BASE_ENV,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys((str(root), str(ROOT)))),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_MODEL_REPOSITORY": str(repository),
         "ATTNSERVE_LOG_FORMAT": "json",
@@ -134,7 +135,7 @@ def start_subprocess_server(tmp_path: Path, repository: Path, **settings: str) -
     }
     log_path = tmp_path / f"server-{port}.log"
     log_file = open(log_path, "w")  # noqa: SIM115 - owned by the process, closed with it
-    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log_file, stderr=log_file)
+    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=root, env=env, stdout=log_file, stderr=log_file)
     log_file.close()
     grpc = f"127.0.0.1:{settings['grpc_port']}" if int(settings.get("grpc_port", 0)) else None
     return SubprocessServer(url=f"http://127.0.0.1:{port}", log_path=log_path, grpc=grpc, proc=proc)
