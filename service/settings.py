@@ -412,8 +412,6 @@ class Settings(BaseSettings):
     @field_validator("api_key_hashes", mode="after")
     @classmethod
     def _hex_digests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from service.core.keys import check_hashes
-
         check_hashes(value)
         return value
 
@@ -495,6 +493,13 @@ def _pillow_formats() -> set[str]:
 def variable(field: str) -> str:
     """The environment variable of a setting: ``max_batch_size`` -> ``ATTNSERVE_MAX_BATCH_SIZE``."""
     return f"{Settings.model_config['env_prefix']}{field.upper()}"
+
+
+def check_hashes(hashes: list[str] | tuple[str, ...]) -> None:
+    """API key hashes must be sha256 hex digests (``service/core/keys.py`` hashes what clients present)."""
+    bad = [h for h in hashes if len(h) != 64 or any(c not in "0123456789abcdefABCDEF" for c in h)]
+    if bad:
+        raise ValueError(f"{len(bad)} API key hashes are not sha256 hex digests (64 hex digits); hash the keys first")
 
 
 def explain(error: ValidationError) -> str:

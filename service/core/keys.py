@@ -14,7 +14,7 @@ import hmac
 from pathlib import Path
 
 from service.errors import ServiceError
-from service.settings import Settings
+from service.settings import Settings, check_hashes
 
 FINGERPRINT_CHARS = 12
 
@@ -38,12 +38,6 @@ def read_hashes(inline: tuple[str, ...], path: Path | None) -> tuple[str, ...]:
                 hashes.append(line)
     check_hashes(hashes)
     return tuple(h.lower() for h in hashes)
-
-
-def check_hashes(hashes: list[str] | tuple[str, ...]) -> None:
-    bad = [h for h in hashes if len(h) != 64 or any(c not in "0123456789abcdefABCDEF" for c in h)]
-    if bad:
-        raise ValueError(f"{len(bad)} API key hashes are not sha256 hex digests (64 hex digits); hash the keys first")
 
 
 def load_keys(settings: Settings) -> Keys | None:
