@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from benchmarks.bench_classify import ROOT, run_wrk, write_script
@@ -51,6 +52,46 @@ def start(args: argparse.Namespace, workdir: Path) -> tuple[Server, Path]:
     server.wait_ready("/v2/health/ready")
     server.post("/translate", {"text": MESSAGES[0]})  # the translator is loaded and answers
     return server, timing
+
+
+def handler_sums(server: Server) -> dict[str, float]:
+    """The app's own time on /translate (from its middleware) and the queue wait of the translator's sentences,
+    as sums and counts since the start, from the service's /metrics."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+
+    def metric_value(name: str, **labels: str) -> float:
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") and all(w in line for w in wanted)
+        )
+
+    return {
+        "app_s": metric_value("attnserve_http_request_duration_seconds_sum", route="/translate"),
+        "app_n": metric_value("attnserve_http_request_duration_seconds_count", route="/translate"),
+        "queue_s": metric_value("attnserve_queue_wait_seconds_sum", model="translator"),
+        "queue_n": metric_value("attnserve_queue_wait_seconds_count", model="translator"),
+    }
+
+
+def stages(wrk: dict, d: dict, h: dict) -> str:
+    """One request's time by stage, at one client (each request alone): the wall time per request split into
+    the app's part (tokenising and planning, queued, encoder, decoder steps, answering, and the rest: the
+    lane's hand-backs, reading the body, JSON) and what is outside the app (HTTP, wrk)."""
+    n = max(wrk["requests"], 1)
+    wall = wrk["seconds"] / n * 1e3
+    app = h["app_s"] / max(h["app_n"], 1) * 1e3
+    jobs, answer = d["jobs_s"] / n * 1e3, d["answer_s"] / n * 1e3
+    queue = h["queue_s"] / max(h["queue_n"], 1) * 1e3
+    encoder, steps, graph = d["encoder_s"] / n * 1e3, d["step_s"] / n * 1e3, d["decoder_s"] / n * 1e3
+    rest = app - jobs - queue - encoder - steps - answer
+    return (
+        f"  one request by stage: {wall:.2f} ms = outside the app {wall - app:.2f} + tokenise and plan {jobs:.2f} + "
+        f"queued {queue:.2f} + encoder {encoder:.2f} + decoder steps {steps:.2f} (graph runs {graph:.2f}, search "
+        f"and caches {steps - graph:.2f}) + answer {answer:.2f} + the rest of the app {rest:.2f} ms"
+    )
 
 
 def row(label: str, wrk: dict, d: dict) -> str:
@@ -86,15 +127,17 @@ def main(argv: list[str] | None = None) -> int:
                 run_wrk(server, script, max(args.clients), 1, 1, "/translate")  # warm-up, untimed
                 for clients in args.clients:
                     time.sleep(2 * WRITE_EVERY_S)
-                    before = read(timing)
+                    before, handled = read(timing), handler_sums(server)
                     out = run_wrk(server, script, clients, args.duration, 1, "/translate")
                     time.sleep(2 * WRITE_EVERY_S)
-                    after = read(timing)
+                    after, handled_after = read(timing), handler_sums(server)
                     if out["non_2xx"] or out["errors"]:
                         raise SystemExit(f"{out['non_2xx']} non-2xx answers, {out['errors']} errors; see the log")
                     search = "greedy" if beam == 1 else f"beam {beam}"
                     delta = {k: after[k] - before[k] for k in FIGURES}
                     print(row(f"{search}, {clients} clients", out, delta), flush=True)
+                    if clients == 1:
+                        print(stages(out, delta, {k: handled_after[k] - handled[k] for k in handled}), flush=True)
         finally:
             server.stop()
     return 0

@@ -2,8 +2,9 @@
 
 For :mod:`benchmarks.bench_lanes`. Before the service starts, the names the scheduler and the
 translator call are wrapped: ``step`` (one decoder step with the search and the cache bookkeeping around
-it: its wall time and its thread's CPU time) and ``session_fn`` (each graph run: the decoder step's with
-its rows, the encoder's with its source tokens). The sums, since the start, go as JSON to the file named
+it: its wall time and its thread's CPU time), ``session_fn`` (each graph run: the decoder step's with
+its rows, the encoder's with its source tokens), and the translate operation's ``decode_jobs`` (validating,
+splitting, masking and tokenising the texts) and ``answer`` (rendering the translations). The sums, since the start, go as JSON to the file named
 by ``ATTNSERVE_LANE_TIMING`` every ``WRITE_EVERY_S``; a reader takes two of them around a load. The wrapping
 holds in the one process the service runs in by default (``ATTNSERVE_WORKERS=1``), not in workers it would spawn.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from contract import decoding
 from service import translator
 from service.__main__ import main
+from service.core import translate
 from service.engine import scheduler
 
 WRITE_EVERY_S = 0.2
@@ -34,6 +36,8 @@ FIGURES = (
     "encoder_runs",
     "encoder_s",
     "encoder_tokens",
+    "jobs_s",
+    "answer_s",
 )
 _sums: Counter = Counter()
 _lock = threading.Lock()
@@ -67,6 +71,25 @@ def _timed_step(batch, decoder, spec):
     return out
 
 
+def _timed_decode_jobs(*args, **kwargs):
+    started = time.perf_counter()
+    try:
+        return _decode_jobs(*args, **kwargs)
+    finally:
+        _add(jobs_s=time.perf_counter() - started)
+
+
+async def _timed_answer(*args, **kwargs):
+    started = time.perf_counter()
+    try:
+        return await _answer(*args, **kwargs)
+    finally:
+        _add(answer_s=time.perf_counter() - started)
+
+
+_decode_jobs, _answer = translate.decode_jobs, translate.answer
+
+
 def _write(path: Path) -> None:
     while True:
         with _lock:
@@ -84,5 +107,6 @@ def read(path: Path) -> Counter:
 if __name__ == "__main__":
     scheduler.step = _timed_step
     translator.session_fn = _timed_session_fn
+    translate.decode_jobs, translate.answer = _timed_decode_jobs, _timed_answer
     threading.Thread(target=_write, args=(Path(os.environ["ATTNSERVE_LANE_TIMING"]),), daemon=True).start()
     raise SystemExit(main())
