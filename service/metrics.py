@@ -158,6 +158,14 @@ class Metrics:
             ["model", "version"],
             registry=r,
         )
+        self.priority_queue_wait = Histogram(
+            "attnserve_priority_queue_wait_seconds",
+            "Translation: time a sentence waited before it joined a decoding batch, by the request's priority "
+            "(`interactive` or `batch`).",
+            ["model", "version", "priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.engine_restarts = Counter(
             "attnserve_engine_restarts",
             "Times a loop of a model's engine (a translation lane, a classification instance thread) failed outside "
@@ -389,6 +397,9 @@ class DecodeMetrics:
         self._rejected = metrics.rejected.labels(model, version)
         self._restarts = metrics.engine_restarts.labels(model, version)
         self._failed = metrics.failed_batches.labels(model, version)
+        self._priority_wait = {
+            p: metrics.priority_queue_wait.labels(model, version, p) for p in ("interactive", "batch")
+        }
         self._answers = Answers(metrics, model, version)
 
     def restarted(self) -> None:
@@ -407,9 +418,12 @@ class DecodeMetrics:
         self._running.set(running)
         self._waiting.set(waiting)
 
-    def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None:
+    def finished(
+        self, tokens: int, seconds: float, queue_wait: float, first_token: float | None, priority: str = "interactive"
+    ) -> None:
         self._per_token.observe(seconds / max(1, tokens))
         self._queue_wait.observe(queue_wait)
+        self._priority_wait[priority].observe(queue_wait)
         if first_token is not None:
             self._first.observe(first_token)
 

@@ -298,6 +298,7 @@ class Registry:
             lanes=decoding_lanes(s, translator.provider),
             faults=self.faults,
             supervision=self._supervision(model),
+            batch_max_wait_s=s.batch_max_wait_s,
         )
         model.scheduler.start()
         self._mark_ready(model)

@@ -185,6 +185,11 @@ class TranslateRequest(BaseModel):
         "inline tags put back around the words they wrapped; scripts, styles, `pre`, `code`, comments and every "
         "attribute but `title` and `alt` are kept as they are.",
     )
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description='`"batch"` for bulk work (a catalog, a document set): it is decoded after the waiting '
+        "interactive requests, and is never delayed past the service's `batch_max_wait_s` by them.",
+    )
     stream: bool = Field(
         False,
         description="Answer `text/event-stream`: a `token` event per generated token "

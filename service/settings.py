@@ -245,6 +245,13 @@ class Settings(BaseSettings):
     max_waiting_sequences: int = Field(
         512, ge=1, description="Translation: most decoder rows waiting to join the running batch (503 beyond)."
     )
+    batch_max_wait_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Translation: longest a `priority: batch` request waits while interactive ones are decoded "
+        "first; past it, it is taken before them.",
+    )
     max_texts_per_request: int = Field(32, ge=1, description="Translation: most texts in one request (422 beyond).")
     max_text_chars: int = Field(2000, ge=1, description="Translation: longest text in characters (413 beyond).")
     max_html_chars: int = Field(

@@ -15,7 +15,7 @@ import httpx
 
 from attnserve_client import _calls, po
 from attnserve_client._base import BaseClient, Call
-from attnserve_client._calls import RolloutFusion, TextFormat
+from attnserve_client._calls import Priority, RolloutFusion, TextFormat
 from attnserve_client._images import ImageInput
 from attnserve_client._streaming import AsyncTranslationStream
 from attnserve_client._sync import Client
@@ -74,6 +74,7 @@ class AsyncClient(BaseClient):
         model: str | None = None,
         return_attention: bool = False,
         format: TextFormat = "text",
+        priority: Priority = "interactive",
     ) -> TranslateResponse:
         return await self._call(
             _calls.translate(
@@ -85,6 +86,7 @@ class AsyncClient(BaseClient):
                 model=model,
                 return_attention=return_attention,
                 format=format,
+                priority=priority,
             )
         )
 
@@ -123,11 +125,14 @@ class AsyncClient(BaseClient):
         batch_size: int = po.DEFAULT_BATCH_SIZE,
         beam_size: int | None = None,
         model: str | None = None,
+        priority: Priority = "batch",
     ) -> po.TranslatedCatalog:
         parsed = po.load(catalog, language=language)
         translations: dict[str, str] = {}
         for batch in po.batches(po.sources(parsed), batch_size):
-            translations.update(zip(batch, await self._translate_texts(batch, beam_size=beam_size, model=model)))
+            translations.update(
+                zip(batch, await self._translate_texts(batch, beam_size=beam_size, model=model, priority=priority))
+            )
         result = po.TranslatedCatalog(parsed, po.fill(parsed, translations))
         if output is not None:
             parsed.save(os.fspath(output))

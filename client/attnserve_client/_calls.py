@@ -26,6 +26,7 @@ from attnserve_client.types import (
 M = TypeVar("M", bound=BaseModel)
 RolloutFusion = Literal["mean", "max"]
 TextFormat = Literal["text", "html"]
+Priority = Literal["interactive", "batch"]
 
 
 def _parser(model: type[M]):
@@ -74,10 +75,11 @@ def translate(
     return_attention: bool,
     format: TextFormat = "text",
     stream: bool = False,
+    priority: Priority = "interactive",
 ) -> Call[Any]:
     """``format`` goes in the body only when it is not ``"text"``, the default: a service older than
     ``format`` still translates plain text, and refuses (422) a format it does not know rather than
-    translating HTML as text."""
+    translating HTML as text. ``priority`` likewise, only when it is ``"batch"``."""
     texts = {"text": text_or_texts} if isinstance(text_or_texts, str) else {"texts": list(text_or_texts)}
     body = {
         **texts,
@@ -91,6 +93,7 @@ def translate(
             return_attention=return_attention,
         ),
         **({} if format == "text" else {"format": format}),
+        **({} if priority == "interactive" else {"priority": priority}),
     }
     if stream:
         return Call("POST", "/translate", lambda response: response, json=body, accept="text/event-stream", stream=True)

@@ -11,7 +11,7 @@ import httpx
 
 from attnserve_client import _calls, po
 from attnserve_client._base import BaseClient, Call
-from attnserve_client._calls import RolloutFusion, TextFormat
+from attnserve_client._calls import Priority, RolloutFusion, TextFormat
 from attnserve_client._images import ImageInput
 from attnserve_client._streaming import TranslationStream
 from attnserve_client.errors import PayloadTooLargeError
@@ -82,13 +82,15 @@ class Client(BaseClient):
         model: str | None = None,
         return_attention: bool = False,
         format: TextFormat = "text",
+        priority: Priority = "interactive",
     ) -> TranslateResponse:
         """English to German, one result per text. Options left as None keep the service's defaults
         (the model's default beam size and length penalty, a length limit from the source length).
         ``num_return_sequences`` > 1 adds an n-best list (at most the beam size); ``return_attention`` adds
         the source-target alignment. ``format="html"``: each text is an HTML fragment or page, translated
         block by block with its tags put back; scripts, styles, ``pre``, ``code``, comments and every
-        attribute but ``title``/``alt`` stay as they are.
+        attribute but ``title``/``alt`` stay as they are. ``priority="batch"``: bulk work, decoded after the
+        interactive requests waiting (never longer than the service's ``batch_max_wait_s`` behind them).
         """
         return self._call(
             _calls.translate(
@@ -100,6 +102,7 @@ class Client(BaseClient):
                 model=model,
                 return_attention=return_attention,
                 format=format,
+                priority=priority,
             )
         )
 
@@ -143,16 +146,20 @@ class Client(BaseClient):
         batch_size: int = po.DEFAULT_BATCH_SIZE,
         beam_size: int | None = None,
         model: str | None = None,
+        priority: Priority = "batch",
     ) -> po.TranslatedCatalog:
         """Fill the untranslated entries of a gettext catalog (a ``.po``/``.pot`` path, or PO text) with
         translations flagged ``fuzzy``; ``output`` also writes the result there. ``batch_size`` texts go in
         each request (at most the service's ``ATTNSERVE_MAX_TEXTS_PER_REQUEST``); ``language`` names the
-        target in a template's header. The rules: ``attnserve_client.po``.
+        target in a template's header. Sent as ``priority="batch"``: interactive callers go first. The rules:
+        ``attnserve_client.po``.
         """
         parsed = po.load(catalog, language=language)
         translations: dict[str, str] = {}
         for batch in po.batches(po.sources(parsed), batch_size):
-            translations.update(zip(batch, self._translate_texts(batch, beam_size=beam_size, model=model)))
+            translations.update(
+                zip(batch, self._translate_texts(batch, beam_size=beam_size, model=model, priority=priority))
+            )
         result = po.TranslatedCatalog(parsed, po.fill(parsed, translations))
         if output is not None:
             parsed.save(os.fspath(output))

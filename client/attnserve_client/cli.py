@@ -109,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
         default="text",
         help="html: each TEXT is an HTML fragment, its tags kept; '-' reads all of stdin as one (default: text)",
     )
+    translate.add_argument(
+        "--priority",
+        choices=["interactive", "batch"],
+        default="interactive",
+        help="batch: bulk work, decoded after interactive requests (po translate always sends batch)",
+    )
 
     po = commands.add_parser("po", help="gettext catalogs (.po, .pot)", description="gettext catalogs (.po, .pot)")
     po_commands = po.add_subparsers(dest="po_command", required=True, metavar="COMMAND")
@@ -202,7 +208,7 @@ def _translate(client: Client, args: argparse.Namespace) -> int:
         print("attnserve-client: --stream translates plain text only, not --format html", file=sys.stderr)
         return 2
     if not args.stream:
-        response = client.translate(texts, **options, format=args.format)
+        response = client.translate(texts, **options, format=args.format, priority=args.priority)
         if args.json:
             _print_json(response)
         else:

@@ -144,7 +144,7 @@ async def _decode(
     body: TranslateRequest,
     deadline: float,
 ) -> dict:
-    tickets = scheduler.submit([r for job in jobs for r in job.requests], deadline=deadline)
+    tickets = scheduler.submit([r for job in jobs for r in job.requests], deadline=deadline, priority=body.priority)
 
     def abandon() -> None:
         for t in tickets:

@@ -20,6 +20,10 @@ fails the requests in that batch and nothing else. A lane whose loop itself rais
 fault) answers the requests it held 500 naming each request id, logs the traceback once, and restarts
 under ``service/engine/supervision.py``: what waits for it stays queued, and the other lanes take it
 when they have rows free.
+
+A submission is ``interactive`` (the default) or ``batch``: a lane admits its interactive tickets first, in
+arrival order, then its batch ones; a batch ticket that has waited ``batch_max_wait_s`` is admitted before
+any interactive one, so bulk work is delayed, never starved.
 """
 
 from __future__ import annotations
@@ -53,12 +57,16 @@ MAX_HOP_SECONDS = 0.02
 # Steps a running batch takes before waiting requests join it: joiners encoded together, and fewer hand-backs
 # to the event loop (greedy at 32 clients: 1.16x requests per second against joining at every step).
 JOIN_EVERY = 4
+INTERACTIVE, BATCH = "interactive", "batch"
+PRIORITIES = (INTERACTIVE, BATCH)
 
 
 class DecodeObserver(Protocol):
     def step(self, rows: int, seconds: float, tokens: int) -> None: ...
     def occupancy(self, running: int, waiting: int) -> None: ...
-    def finished(self, tokens: int, seconds: float, queue_wait: float, first_token: float | None) -> None: ...
+    def finished(
+        self, tokens: int, seconds: float, queue_wait: float, first_token: float | None, priority: str = INTERACTIVE
+    ) -> None: ...
     def cancelled(self) -> None: ...
     def rejected(self) -> None: ...
     def restarted(self) -> None: ...
@@ -82,6 +90,7 @@ class Ticket:
     streamed: int = 0
     group: int = 0  # the submission it came in: a submission's tickets decode in one lane
     request_id: str | None = field(default_factory=current_request_id)  # to name it in errors and logs
+    priority: str = INTERACTIVE
 
     def cancel(self) -> None:
         self.request.cancelled = True
@@ -101,6 +110,7 @@ class Lane:
     running: dict[int, Ticket] = field(default_factory=dict)
     waiting: deque[Ticket] = field(default_factory=deque)
     waiting_rows: int = 0
+    interactive: int = 0  # interactive tickets in ``waiting``: none, and the head is the next one either way
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
     joined: list[Ticket] = field(default_factory=list)  # joining this hop: their first token is its first step's
@@ -125,6 +135,7 @@ class Scheduler:
         lanes: int = 1,
         faults: Faults = NONE,
         supervision: Supervision | None = None,
+        batch_max_wait_s: float = 10.0,
     ) -> None:
         if max_running_rows < 1 or max_waiting_rows < 1 or lanes < 1:
             raise ValueError("max_running_rows, max_waiting_rows and lanes must be >= 1")
@@ -132,6 +143,7 @@ class Scheduler:
         self.translator = translator
         self.max_running_rows = max_running_rows  # per lane
         self.max_waiting_rows = max_waiting_rows
+        self.batch_max_wait_s = batch_max_wait_s
         self._observer = observer or UNOBSERVED
         self._admission = Admission(name, retry_after_s, self._observer)
         self._groups = itertools.count()
@@ -161,7 +173,11 @@ class Scheduler:
 
     # ---- handle side -----------------------------------------------------------------------------
     def submit(
-        self, requests: list[DecodeRequest], stream: bool = False, deadline: float | None = None
+        self,
+        requests: list[DecodeRequest],
+        stream: bool = False,
+        deadline: float | None = None,
+        priority: str = INTERACTIVE,
     ) -> list[Ticket]:
         """Queue all of a HTTP request's sentences, or none of them (503 when the queue is full).
 
@@ -183,7 +199,9 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         group = next(self._groups)
         tickets = [
-            Ticket(r, loop.create_future(), asyncio.Queue() if stream else None, deadline, group=group)
+            Ticket(
+                r, loop.create_future(), asyncio.Queue() if stream else None, deadline, group=group, priority=priority
+            )
             for r in requests
         ]
         if deadline is not None:
@@ -193,8 +211,7 @@ class Scheduler:
             t.future.add_done_callback(self._answered_after(t))
         up = [lane for lane in self.lanes if not lane.down] or self.lanes
         lane = min(up, key=lambda lane: lane.load)  # the first of the least loaded
-        lane.waiting.extend(tickets)
-        lane.waiting_rows += rows
+        self._enqueue(lane, tickets)
         self._observer.occupancy(self.running_rows, self.waiting_rows)
         lane.wakeup.set()
         return tickets
@@ -242,7 +259,7 @@ class Scheduler:
         self._fail(self._waiting + list(self._running.values()), self._admission.shutting_down())
         for lane in self.lanes:  # answered: a hop still on its thread settles none of them again
             lane.waiting.clear()
-            lane.waiting_rows = 0
+            lane.waiting_rows = lane.interactive = 0
             lane.running.clear()
             lane.rows = 0
         for lane in self.lanes:
@@ -283,32 +300,55 @@ class Scheduler:
             return
         victim = max(candidates, key=lambda other: other.waiting_rows)
         group = victim.waiting[0].group
+        moving = []
         while victim.waiting and victim.waiting[0].group == group:
-            ticket = victim.waiting.popleft()
-            victim.waiting_rows -= ticket.request.beam
-            lane.waiting.append(ticket)
-            lane.waiting_rows += ticket.request.beam
+            moving.append(victim.waiting[0])
+            self._dequeue(victim, victim.waiting[0])
+        self._enqueue(lane, moving)
+
+    @staticmethod
+    def _enqueue(lane: Lane, tickets: list[Ticket]) -> None:
+        lane.waiting.extend(tickets)
+        lane.waiting_rows += sum(t.request.beam for t in tickets)
+        lane.interactive += sum(t.priority == INTERACTIVE for t in tickets)
+
+    @staticmethod
+    def _dequeue(lane: Lane, ticket: Ticket) -> None:
+        if lane.waiting and lane.waiting[0] is ticket:
+            lane.waiting.popleft()
+        else:
+            lane.waiting.remove(ticket)
+        lane.waiting_rows -= ticket.request.beam
+        lane.interactive -= ticket.priority == INTERACTIVE
+
+    def _next(self, lane: Lane) -> Ticket:
+        """The waiting ticket to admit next: a batch one past ``batch_max_wait_s``, else the first interactive one,
+        else the first batch one (a submission's tickets are consecutive and of one priority: it stays whole)."""
+        head = lane.waiting[0]
+        if not lane.interactive or head.priority == INTERACTIVE:
+            return head
+        if time.perf_counter() - head.enqueued_at >= self.batch_max_wait_s:
+            return head  # the oldest batch work has waited its limit
+        return next(t for t in lane.waiting if t.priority == INTERACTIVE)
 
     def _admit(self, lane: Lane) -> list[Ticket]:
-        """The lane's waiting tickets that fit its rows free now, in FIFO order; cancelled ones are dropped, and
-        so are those past their deadline whose timer the event loop has not fired yet."""
+        """The lane's waiting tickets that fit its rows free now, interactive ones first (``_next``); cancelled ones
+        are dropped, and so are those past their deadline whose timer the event loop has not fired yet."""
         joining: list[Ticket] = []
         now = time.monotonic()
         while lane.waiting:
-            head = lane.waiting[0]
+            head = self._next(lane)
             if head.past_deadline(now):
                 self._expire(head)
                 continue
             if head.request.cancelled:
-                lane.waiting.popleft()
-                lane.waiting_rows -= head.request.beam
+                self._dequeue(lane, head)
                 self._observer.cancelled()
                 self._resolve(head)
                 continue
             if not self._room_for(lane, head.request):
                 break
-            lane.waiting.popleft()
-            lane.waiting_rows -= head.request.beam
+            self._dequeue(lane, head)
             lane.rows += head.request.beam
             lane.running[head.request.id] = head  # the lane's from now on: answered if it fails
             joining.append(head)
@@ -502,6 +542,7 @@ class Scheduler:
                     now - (ticket.started_at or now),
                     (ticket.started_at or now) - ticket.enqueued_at,
                     (ticket.first_token_at or now) - ticket.enqueued_at,
+                    ticket.priority,
                 )
             self._stream(ticket, now, finished=True)
             self._resolve(ticket)
@@ -526,8 +567,7 @@ class Scheduler:
             self._fail([ticket], self._admission.deadline_exceeded())
         lane = next((lane for lane in self.lanes if ticket in lane.waiting), None)
         if lane is not None:
-            lane.waiting.remove(ticket)
-            lane.waiting_rows -= ticket.request.beam
+            self._dequeue(lane, ticket)
             self._observer.cancelled()
             self._resolve(ticket)
             self._observer.occupancy(self.running_rows, self.waiting_rows)

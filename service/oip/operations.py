@@ -12,7 +12,7 @@ classification and translation themselves are ``service/core/classify.py``'s and
   on the output) the k best as ``"score:index:label"`` (BYTES [N, k]).
 - Translator: input ``text`` (BYTES [N]); output ``translation`` (BYTES [N], or [N, k] with
   ``num_return_sequences`` k > 1); request parameters ``beam_size``, ``length_penalty``,
-  ``num_return_sequences``, ``max_new_tokens``, ``protect_placeholders``, ``format`` as on ``POST /translate``.
+  ``num_return_sequences``, ``max_new_tokens``, ``protect_placeholders``, ``format``, ``priority`` as on ``POST /translate``.
 - ``return_attention: true`` (request parameter) adds ``attention_id`` (BYTES [N]): ids that
   ``GET /attention/{id}`` serves, owned by the caller's key.
 """
@@ -47,6 +47,7 @@ DECODING_PARAMETERS = (
     "return_attention",
     "protect_placeholders",
     "format",
+    "priority",
 )
 
 

@@ -56,6 +56,7 @@ EXPORTED = {
     "attnserve_grpc_call_duration_seconds": ("histogram", {"method"}),
     "attnserve_deadline_exceeded_requests": ("counter", {"route"}),
     "attnserve_queue_wait_seconds": ("histogram", {"model", "version"}),
+    "attnserve_priority_queue_wait_seconds": ("histogram", {"model", "version", "priority"}),
     "attnserve_compute_seconds": ("histogram", {"model", "version"}),
     "attnserve_batch_size": ("histogram", {"model", "version"}),
     "attnserve_images": ("counter", {"model", "version"}),

@@ -45,7 +45,7 @@ async def translate(request: Request, serving: Serving) -> Response:
         if serving.responses is not None:
             report.bypassed()
         translator, scheduler, (job,), _ = decode_jobs(served, serving.settings, body)
-        tickets = scheduler.submit(job.requests, stream=True, deadline=deadline)
+        tickets = scheduler.submit(job.requests, stream=True, deadline=deadline, priority=body.priority)
         store = attention_store(request, serving.attention) if body.return_attention else None
         return StreamingResponse(
             _events(job, tickets, translator, body.num_return_sequences > 1, store, request.scope),

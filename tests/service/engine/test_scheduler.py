@@ -364,3 +364,47 @@ def test_a_submissions_sentences_go_to_one_lane_and_a_lane_that_runs_dry_takes_w
 
     queued, long_done = run(with_scheduler(body, ThreadRecordingTranslator(), lanes=2, max_running_rows=1))
     assert queued == [True, True] and not long_done
+
+
+class FinishOrder:
+    """An observer that keeps the priority of each sentence as it finishes."""
+
+    def __init__(self) -> None:
+        self.priorities: list[str] = []
+
+    def finished(self, tokens, seconds, queue_wait, first_token, priority="interactive") -> None:
+        self.priorities.append(priority)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize("batch_max_wait_s, expected", [(10.0, ["c", "d", "a", "b"]), (0.0, ["a", "b", "c", "d"])])
+def test_interactive_work_joins_first_and_batch_work_waits_no_longer_than_its_limit(batch_max_wait_s, expected):
+    """One row: a long request runs while two batch submissions and then two interactive ones wait. The
+    interactive ones are decoded first; with no wait allowed, the batch ones keep their turn."""
+    observer = FinishOrder()
+
+    async def body(sched):
+        first = sched.submit([DecodeRequest([B, EOS], 60)])[0]
+        queued = {
+            name: sched.submit([DecodeRequest([A, EOS], 10)], priority=priority)[0]
+            for name, priority in (("a", "batch"), ("b", "batch"), ("c", "interactive"), ("d", "interactive"))
+        }
+        order: list[str] = []
+        for name, ticket in queued.items():
+            ticket.future.add_done_callback(lambda _, name=name: order.append(name))
+        await asyncio.gather(first.future, *(t.future for t in queued.values()))
+        return order, sched.state()
+
+    order, state = run(
+        with_scheduler(
+            body,
+            ThreadRecordingTranslator(),
+            max_running_rows=1,
+            batch_max_wait_s=batch_max_wait_s,
+            observer=observer,
+        )
+    )
+    assert order == expected and state["waiting_rows"] == 0 and state["running_rows"] == 0
+    assert sorted(observer.priorities) == ["batch", "batch", "interactive", "interactive", "interactive"]

@@ -159,6 +159,7 @@ BAD = {
     "attention not a bool": ({"text": "a", "return_attention": "yes"}, 422, "invalid_field"),
     "stream two": ({"texts": ["a", "b"], "stream": True}, 422, "invalid_field"),
     "unknown field": ({"text": "a", "temperature": 0.7}, 422, "invalid_field"),
+    "unknown priority": ({"text": "a", "priority": "urgent"}, 422, "invalid_field"),
     "unknown model": ({"text": "a", "model": "nope"}, 404, "model_not_found"),
     "a classifier": ({"text": "a", "model": "vit"}, 404, "model_not_found"),
 }
@@ -169,6 +170,29 @@ def test_bad_input_gets_its_status_and_a_json_error(server, body, status, code):
     r = post(server, **body)
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == code and r.json()["error"]["message"]
+
+
+def test_batch_priority_translates_the_same_and_is_counted_apart(server):
+    """A `batch` request gets the answer an interactive one gets; its sentences' queue wait is counted under its
+    priority (over HTTP, and as the Open Inference Protocol's parameter)."""
+
+    def waits(priority: str) -> float:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        return metric_value(text, "attnserve_priority_queue_wait_seconds_count", model="translator", priority=priority)
+
+    before = {p: waits(p) for p in ("interactive", "batch")}
+    interactive = post(server, texts=TEXTS[:2], beam_size=1)
+    batch = post(server, texts=TEXTS[:2], beam_size=1, priority="batch")
+    assert interactive.status_code == batch.status_code == 200, batch.text
+    assert batch.json()["results"] == interactive.json()["results"]
+    assert waits("batch") - before["batch"] == 2 and waits("interactive") - before["interactive"] == 2
+    oip = {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [TEXTS[0]]}],
+        "parameters": {"beam_size": 1, "priority": "batch"},
+    }
+    r = httpx.post(server.url + "/v2/models/translator/infer", json=oip, timeout=60)
+    assert r.status_code == 200, r.text
+    assert waits("batch") - before["batch"] == 3
 
 
 def test_bad_bodies(server):
