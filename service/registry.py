@@ -330,6 +330,7 @@ class Registry:
             observer=self.metrics.for_model(model.name, model.version),
             faults=self.faults,
             supervision=self._supervision(model),
+            batch_max_wait_s=s.batch_max_wait_s,
         )
         model.batcher.start()
         self._mark_ready(model)

@@ -65,6 +65,11 @@ class ClassifyOptions(BaseModel):
     rollout_fusion: Literal["mean", "max"] = Field(
         "mean", description="How the rollout fuses each layer's heads: their mean or their element-wise max."
     )
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive",
+        description='`"batch"` for bulk work: its images run in batches of their own once no interactive request '
+        "waits, and never wait longer than the service's `batch_max_wait_s` for them.",
+    )
 
 
 class ClassifyJSONRequest(ClassifyOptions):

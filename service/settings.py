@@ -249,8 +249,8 @@ class Settings(BaseSettings):
         10.0,
         gt=0.0,
         le=3600.0,
-        description="Translation: longest a `priority: batch` request waits while interactive ones are decoded "
-        "first; past it, it is taken before them.",
+        description="Longest a `priority: batch` request (a translation's sentences, a classification's images) "
+        "waits while interactive ones go first; past it, it is taken before them.",
     )
     max_texts_per_request: int = Field(32, ge=1, description="Translation: most texts in one request (422 beyond).")
     max_text_chars: int = Field(2000, ge=1, description="Translation: longest text in characters (413 beyond).")

@@ -68,7 +68,14 @@ async def queue(
     check_options(options, classifier, serving.settings)
     rows = await decode_images(images, classifier, serving.decoder)
     return await submit(
-        serving, caller, served, rows, attention=options.return_attention, deadline=deadline, report=report
+        serving,
+        caller,
+        served,
+        rows,
+        attention=options.return_attention,
+        deadline=deadline,
+        report=report,
+        priority=options.priority,
     )
 
 
@@ -82,6 +89,7 @@ async def submit(
     deadline: float,
     prepared: bool = False,
     report: CacheReport | None = None,
+    priority: str = "interactive",
 ) -> Queued:
     """Queue ``rows`` (decoded pixels, or with ``prepared`` the model's input already) on ``served``'s batcher,
     but those whose probabilities the response cache holds: the key of an image is its pixels as decoded,
@@ -92,7 +100,8 @@ async def submit(
     if cache is None or attention:  # attention ids are the caller's: never from the cache
         if report is not None and cache is not None:
             report.bypassed()
-        return Queued(classifier, rows, batcher.submit(rows, attention=attention, prepared=prepared, deadline=deadline))
+        future = batcher.submit(rows, attention=attention, prepared=prepared, deadline=deadline, priority=priority)
+        return Queued(classifier, rows, future)
     options = ImageOptions(shared_weights=serving.settings.share_classifier_weights)
     keys = cache.keys("classify", ModelIdentity.of(served), options, caller.key_id).pixels(rows, prepared)
     found = await cache.get_many("classify", keys, probabilities_decoder(len(classifier.labels)), deadline)
@@ -103,7 +112,7 @@ async def submit(
     future = None
     if missing:
         todo = rows if len(missing) == len(rows) else rows[missing]
-        future = batcher.submit(todo, attention=False, prepared=prepared, deadline=deadline)
+        future = batcher.submit(todo, attention=False, prepared=prepared, deadline=deadline, priority=priority)
     return Queued(classifier, rows, future, cached, keys, missing, cache if found is not None else None, deadline)
 
 

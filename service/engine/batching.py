@@ -17,6 +17,10 @@ every request for batch-mates that never come. Instead:
 A request may carry a deadline: when it passes, the request is answered 504 at once, and the queue
 drops it before compute (as it drops a request whose client went away).
 
+A request is ``interactive`` (the default) or ``batch``: a batch is formed of interactive requests when
+any wait, else of batch ones, so bulk images never stretch an interactive request's run; a batch request
+that has waited ``batch_max_wait_s`` goes first.
+
 An instance thread whose loop raises outside onnxruntime (a bug, an injected fault) answers the batch it
 held 500, logs the traceback once and goes on under ``service/engine/supervision.py``.
 """
@@ -55,6 +59,9 @@ class Queueable(Protocol):
     @property
     def abandoned(self) -> bool: ...
 
+    priority: str
+    enqueued_at: float
+
 
 class BatchObserver(Protocol):
     def batch_started(self, images: int, queue_waits: list[float]) -> None: ...
@@ -74,16 +81,21 @@ class BatchState:
     formed, before any compute.
     """
 
-    def __init__(self, max_batch_size: int, max_queued: int) -> None:
+    def __init__(
+        self, max_batch_size: int, max_queued: int, batch_max_wait_s: float = 10.0, clock=time.perf_counter
+    ) -> None:
         if max_batch_size < 1 or max_queued < max_batch_size:
             raise ValueError(f"need 1 <= max_batch_size ({max_batch_size}) <= max_queued ({max_queued})")
         self.max_batch_size = max_batch_size
         self.max_queued = max_queued
-        self._items: deque[Any] = deque()
+        self.batch_max_wait_s = batch_max_wait_s
+        self._clock = clock
+        self._items: deque[Any] = deque()  # interactive requests
+        self._bulk: deque[Any] = deque()  # batch-priority requests
         self.queued = 0  # images, abandoned requests included until they are dropped
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) + len(self._bulk)
 
     def admit(self, item: Queueable) -> list[Any]:
         """Queue ``item``; returns the abandoned requests removed to make room for it (usually none).
@@ -95,16 +107,23 @@ class BatchState:
             raise ValueError(f"a request of {item.size} images cannot fit a batch of {self.max_batch_size}")
         gone: list[Any] = []
         if self.queued + item.size > self.max_queued:
-            kept: deque[Any] = deque()
-            for queued in self._items:
-                (gone if queued.abandoned else kept).append(queued)
-            self._items = kept
+            for name in ("_items", "_bulk"):
+                kept: deque[Any] = deque()
+                for queued in getattr(self, name):
+                    (gone if queued.abandoned else kept).append(queued)
+                setattr(self, name, kept)
             self.queued -= sum(g.size for g in gone)
             if self.queued + item.size > self.max_queued:
                 raise QueueFull(f"{self.queued} images queued, bound {self.max_queued}")
-        self._items.append(item)
+        (self._bulk if getattr(item, "priority", "interactive") == "batch" else self._items).append(item)
         self.queued += item.size
         return gone
+
+    def _next_queue(self) -> deque[Any]:
+        """Where the next batch comes from: batch work past its wait limit, else interactive work, else batch work."""
+        if self._bulk and (not self._items or self._clock() - self._bulk[0].enqueued_at >= self.batch_max_wait_s):
+            return self._bulk
+        return self._items
 
     def is_full(self) -> bool:
         """True when the next batch cannot grow any more, so waiting for batch-mates is pointless."""
@@ -124,16 +143,19 @@ class BatchState:
         batch: list[Any] = []
         abandoned: list[Any] = []
         rows = 0
-        while self._items:
-            head = self._items[0]
+        queue = self._next_queue()
+        while queue:
+            head = queue[0]
             if head.abandoned:
-                self._items.popleft()
+                queue.popleft()
                 self.queued -= head.size
                 abandoned.append(head)
+                if not queue and not batch:  # that queue held only abandoned requests: try the other
+                    queue = self._next_queue()
                 continue
             if rows + head.size > (limit if batch else self.max_batch_size):
                 break
-            self._items.popleft()
+            queue.popleft()
             self.queued -= head.size
             rows += head.size
             batch.append(head)
@@ -141,8 +163,9 @@ class BatchState:
 
     def drain(self) -> list[Any]:
         """Everything still queued (at shutdown), leaving the state empty."""
-        items = list(self._items)
+        items = list(self._items) + list(self._bulk)
         self._items.clear()
+        self._bulk.clear()
         self.queued = 0
         return items
 
@@ -187,6 +210,7 @@ class Pending:
     enqueued_at: float = field(default_factory=time.perf_counter)
     request_id: str | None = field(default_factory=current_request_id)  # to name it in the worker's logs
     timer: asyncio.TimerHandle | None = None  # answers 504 at the deadline
+    priority: str = "interactive"
 
     @property
     def size(self) -> int:
@@ -238,6 +262,7 @@ class Batcher:
         observer: BatchObserver | None = None,
         faults: Faults = NONE,
         supervision: Supervision | None = None,
+        batch_max_wait_s: float = 10.0,
     ) -> None:
         if instances < 1:
             raise ValueError(f"need at least one instance, got {instances}")
@@ -245,7 +270,7 @@ class Batcher:
         self._run_batch = run_batch
         self._prepare = prepare
         self._finish = finish
-        self._state = BatchState(max_batch_size, max_queue_images)
+        self._state = BatchState(max_batch_size, max_queue_images, batch_max_wait_s)
         self._lock = threading.Lock()  # guards _state, _computing, _idle, _gathering and the admission's closing
         self._computing = 0  # batches in onnxruntime now, at most ``instances``
         self._idle: list[threading.Event] = []  # threads waiting for work, the most recently idle last
@@ -296,7 +321,12 @@ class Batcher:
         await asyncio.sleep(0)  # the last batches' answers were handed to the loop: deliver them
 
     def submit(
-        self, rows: np.ndarray, attention: bool = False, prepared: bool = False, deadline: float | None = None
+        self,
+        rows: np.ndarray,
+        attention: bool = False,
+        prepared: bool = False,
+        deadline: float | None = None,
+        priority: str = "interactive",
     ) -> asyncio.Future:
         """Queue one request's rows (``prepared``: already what ``prepare`` makes of rows); the future
         resolves to its output rows or a ``ServiceError``. Cancelling the future (client gone) removes
@@ -308,7 +338,7 @@ class Batcher:
             raise self._admission.deadline_exceeded()  # spent already (a slow body): it never takes a slot
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        item = Pending(rows if prepared else self._prepare(rows), future, attention, deadline)
+        item = Pending(rows if prepared else self._prepare(rows), future, attention, deadline, priority=priority)
         with self._lock:
             try:
                 gone = self._state.admit(item)

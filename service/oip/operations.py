@@ -127,6 +127,9 @@ async def _classify(
     assert classifier is not None and batcher is not None  # a ready classifier has both
     tensor = _one_input(req, ("images", "pixels"), model.name)
     attention = req.parameters.get("return_attention", False) is True
+    priority = req.parameters.get("priority", "interactive")
+    if priority not in ("interactive", "batch"):
+        raise InvalidField(f"parameter 'priority' is 'interactive' or 'batch', not {priority!r}")
     if attention and classifier.attention is None:
         raise InvalidField(f"model {model.name} exports no attention output; omit return_attention")
     if tensor.shape[0] > settings.max_images_per_request:
@@ -137,7 +140,9 @@ async def _classify(
                 raise InvalidField("input 'images' is BYTES [N]: one encoded image file per row")
             files = [_image_bytes(v, i, tensor) for i, v in enumerate(tensor.data)]
             rows = pixels = await decode_images(files, classifier, serving.decoder)
-            queued = await submit(serving, caller, model, rows, attention=attention, deadline=deadline)
+            queued = await submit(
+                serving, caller, model, rows, attention=attention, deadline=deadline, priority=priority
+            )
         else:
             if tensor.datatype != "FP32" or list(tensor.shape[1:]) != list(classifier.input_shape):
                 raise InvalidField(f"input 'pixels' is FP32 [N, {', '.join(map(str, classifier.input_shape))}]")
@@ -145,7 +150,9 @@ async def _classify(
             if not np.isfinite(rows).all():
                 raise InvalidField("input 'pixels' holds NaN or infinite values")
             pixels = classifier.preprocessing.denormalize(rows) if attention else rows
-            queued = await submit(serving, caller, model, rows, attention=attention, prepared=True, deadline=deadline)
+            queued = await submit(
+                serving, caller, model, rows, attention=attention, prepared=True, deadline=deadline, priority=priority
+            )
     ranked = await ranking(caller, queued)
     outputs: list[Output] = []
     for name in _wanted(req, ["probabilities", *(["attention_id"] if attention else [])]):

@@ -29,7 +29,7 @@ from service.schemas import ClassifyJSONRequest, ClassifyOptions, ClassifyRespon
 from service.settings import Settings
 
 MULTIPART_TYPE = "multipart/form-data"
-FORM_OPTION_FIELDS = ("top_k", "model", "return_attention", "rollout_fusion")
+FORM_OPTION_FIELDS = ("top_k", "model", "return_attention", "rollout_fusion", "priority")
 
 
 async def classify(request: Request, serving: Serving) -> Response:

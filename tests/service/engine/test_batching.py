@@ -23,9 +23,34 @@ class Item:
     size: int
     abandoned: bool = False
     tag: str = ""
+    priority: str = "interactive"
+    enqueued_at: float = 0.0
 
 
 # ---- BatchState: plain object ---------------------------------------------------------------------
+def test_interactive_requests_form_their_own_batches_first_and_batch_work_waits_at_most_its_limit():
+    now = [0.0]
+    state = BatchState(max_batch_size=8, max_queued=64, batch_max_wait_s=5.0, clock=lambda: now[0])
+    for tag, priority in (("a", "batch"), ("b", "batch"), ("c", "interactive"), ("d", "interactive")):
+        state.admit(Item(2, tag=tag, priority=priority, enqueued_at=now[0]))
+    batch, _ = state.take()
+    assert [i.tag for i in batch] == ["c", "d"]  # interactive first, and no bulk image in their run
+    state.admit(Item(2, tag="e", priority="interactive", enqueued_at=now[0]))
+    now[0] = 5.0  # the batch work has waited its limit: it goes before the interactive request that came later
+    batch, _ = state.take()
+    assert [i.tag for i in batch] == ["a", "b"]
+    batch, _ = state.take()
+    assert [i.tag for i in batch] == ["e"] and len(state) == 0 and state.queued == 0
+
+
+def test_a_queue_of_abandoned_requests_gives_way_to_the_other():
+    state = BatchState(max_batch_size=8, max_queued=64, clock=lambda: 0.0)
+    state.admit(Item(1, tag="gone", abandoned=True))
+    state.admit(Item(1, tag="bulk", priority="batch"))
+    batch, abandoned = state.take()
+    assert [i.tag for i in batch] == ["bulk"] and [i.tag for i in abandoned] == ["gone"]
+
+
 def test_batches_take_whole_requests_in_arrival_order_up_to_the_limit():
     state = BatchState(max_batch_size=8, max_queued=64)
     items = [Item(3, tag="a"), Item(4, tag="b"), Item(2, tag="c"), Item(8, tag="d")]

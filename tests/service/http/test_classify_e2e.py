@@ -85,6 +85,27 @@ def test_json_and_multipart_give_the_same_answer(server, fashion_pngs):
     assert (as_json["model"], as_json["version"]) == (as_form["model"], as_form["version"])
 
 
+def test_batch_priority_answers_the_same_as_json_as_a_form_and_over_the_protocol(server, fashion_pngs):
+    pngs = fashion_pngs[:4]
+    with server.client() as client:
+        interactive = client.post("/classify", json=json_body(pngs, top_k=3)).json()
+        batch = client.post("/classify", json=json_body(pngs, top_k=3, priority="batch")).json()
+        form = client.post("/classify", files=multipart_files(pngs), data={"top_k": "3", "priority": "batch"})
+        refused = client.post("/classify", json=json_body(pngs, priority="urgent"))
+        oip = {
+            "inputs": [{"name": "images", "shape": [1], "datatype": "BYTES", "data": [_b64(pngs[0])]}],
+            "parameters": {"priority": "batch"},
+        }
+        over_oip = client.post("/v2/models/vit/infer", json=oip)
+        bad_oip = client.post("/v2/models/vit/infer", json={**oip, "parameters": {"priority": "soon"}})
+    labels = [[t["index"] for t in r["top_k"]] for r in interactive["results"]]
+    assert [[t["index"] for t in r["top_k"]] for r in batch["results"]] == labels
+    assert form.status_code == 200 and [[t["index"] for t in r["top_k"]] for r in form.json()["results"]] == labels
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_field"
+    assert over_oip.status_code == 200, over_oip.text
+    assert bad_oip.status_code == 422 and "priority" in bad_oip.json()["error"]
+
+
 def test_32_concurrent_clients_all_get_their_own_correct_answer_in_shared_batches(
     server, fashion_pngs, offline_probabilities
 ):
