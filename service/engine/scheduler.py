@@ -329,7 +329,7 @@ class Scheduler:
             return head
         if time.perf_counter() - head.enqueued_at >= self.batch_max_wait_s:
             return head  # the oldest batch work has waited its limit
-        return next(t for t in lane.waiting if t.priority == INTERACTIVE)
+        return next((t for t in lane.waiting if t.priority == INTERACTIVE), head)
 
     def _admit(self, lane: Lane) -> list[Ticket]:
         """The lane's waiting tickets that fit its rows free now, interactive ones first (``_next``); cancelled ones
