@@ -337,7 +337,7 @@ class Registry:
 
     def _supervision(self, model: ServedModel) -> Supervision:
         s = self.settings
-        return Supervision(model.key, s.engine_restart_limit, s.engine_restart_window_s)
+        return Supervision(s.engine_restart_limit, s.engine_restart_window_s)
 
     def _mark_ready(self, model: ServedModel) -> None:
         self.faults.arm()  # a drill's counts start with the first request, not the warm-up
@@ -407,7 +407,7 @@ class Registry:
             reasons = ["loading the model repository"]
         if self.loaded and not self.servable():
             reasons.append(f"no model in {self.settings.model_repository} has a task this service serves")
-        reasons += [f"{m.key}: {m.failing}" for m in self.all() if m.failing]  # a balancer moves its traffic
+        reasons += [f"{m.key}: {why}" for m in self.all() if (why := m.failing)]  # a balancer moves its traffic
         return not reasons, reasons
 
     def default_model_name(self, task: str = IMAGE_CLASSIFICATION) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,4 +122,13 @@ def tiny_translator_repository(tiny_translator_checkpoint, tmp_path_factory) -> 
         "--no-progress",
     )
     assert proc.returncode == 0, proc.stderr
+    return repo
+
+
+@pytest.fixture(scope="session")
+def both_repository(tiny_vit_repository, tiny_translator_repository, tmp_path_factory) -> Path:
+    """A repository with the tiny ViT and the tiny translator, served together (read-only: copy to change)."""
+    repo = tmp_path_factory.mktemp("both") / "models"
+    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
+    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
     return repo

@@ -36,10 +36,6 @@ class Flights:
             if running is not None and not running.done():
                 running.set_result(made.get(key))
 
-    @property
-    def running(self) -> int:
-        return len(self._running)
-
 
 async def follow(wait, futures: dict[str, asyncio.Future], deadline: float) -> dict[str, bytes | None]:
     """The answers the leaders made, awaited with ``wait`` (the caller's: it watches the client) until

@@ -115,7 +115,7 @@ class BatchState:
             self.queued -= sum(g.size for g in gone)
             if self.queued + item.size > self.max_queued:
                 raise QueueFull(f"{self.queued} images queued, bound {self.max_queued}")
-        (self._bulk if getattr(item, "priority", "interactive") == "batch" else self._items).append(item)
+        (self._bulk if item.priority == "batch" else self._items).append(item)
         self.queued += item.size
         return gone
 
@@ -281,7 +281,7 @@ class Batcher:
         self._admission = Admission(name, retry_after_s, self._observer)
         self._instances = instances
         self._faults = faults
-        self.supervision = supervision or Supervision(name)
+        self.supervision = supervision or Supervision()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -57,8 +57,7 @@ MAX_HOP_SECONDS = 0.02
 # Steps a running batch takes before waiting requests join it: joiners encoded together, and fewer hand-backs
 # to the event loop (greedy at 32 clients: 1.16x requests per second against joining at every step).
 JOIN_EVERY = 4
-INTERACTIVE, BATCH = "interactive", "batch"
-PRIORITIES = (INTERACTIVE, BATCH)
+INTERACTIVE = "interactive"  # a submission's priority unless it says "batch"
 
 
 class DecodeObserver(Protocol):
@@ -148,7 +147,7 @@ class Scheduler:
         self._admission = Admission(name, retry_after_s, self._observer)
         self._groups = itertools.count()
         self._faults = faults
-        self.supervision = supervision or Supervision(name)
+        self.supervision = supervision or Supervision()
         self.lanes = [
             Lane(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{name}" + (f"-{i}" if i else "")), i)
             for i in range(lanes)

@@ -19,8 +19,7 @@ MAX_BACKOFF_S = 30.0
 
 
 class Supervision:
-    def __init__(self, name: str, limit: int = 3, window_s: float = 60.0, clock=time.monotonic) -> None:
-        self.name = name
+    def __init__(self, limit: int = 3, window_s: float = 60.0, clock=time.monotonic) -> None:
         self.limit = limit
         self.window_s = window_s
         self._clock = clock

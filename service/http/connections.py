@@ -39,9 +39,8 @@ from service.observers import UNOBSERVED
 class ConnectionObserver(Protocol):
     def open(self, count: int) -> None: ...
 
-    def closed(
-        self, reason: str
-    ) -> None: ...  # header_timeout, write_timeout, evicted, evicted_unread, evicted_body, refused
+    # reason: header_timeout, write_timeout, evicted, evicted_unread, evicted_body, refused
+    def closed(self, reason: str) -> None: ...
 
 
 class Connections:

@@ -1,25 +1,15 @@
-"""The fault suite's servers: ``python -m service`` on the tiny ViT and the tiny translator, with faults injected
-through ``ATTNSERVE_FAULTS`` (``service/faults.py``) or through real broken parts (a full Redis, a slow one)."""
+"""What the fault suite sends: real sentences and real Fashion-MNIST images. Its servers (``python -m service`` on
+the tiny ViT and translator, ``both_repository``) get their faults through ``ATTNSERVE_FAULTS``
+(``service/faults.py``) or through real broken parts (a full Redis, a slow one)."""
 
 from __future__ import annotations
 
 import base64
-import shutil
-from pathlib import Path
 
 import pytest
 
 from tests.model.translation.excerpts import DING_PAIRS, UI_PAIRS
 from tests.service.service_testing import png_bytes
-
-
-@pytest.fixture(scope="session")
-def fault_repository(tiny_vit_repository, tiny_translator_repository, tmp_path_factory) -> Path:
-    """Both tiny models (read-only: a drill that changes files copies it)."""
-    repo = tmp_path_factory.mktemp("faults") / "models"
-    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
-    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
-    return repo
 
 
 @pytest.fixture(scope="session")

@@ -13,10 +13,10 @@ from tests.service.service_testing import start_subprocess_server, wait_until
 
 
 def test_a_graph_that_vanishes_while_loading_fails_its_model_alone_until_it_is_back(
-    fault_repository, tmp_path, classify_jobs, translate_jobs
+    both_repository, tmp_path, classify_jobs, translate_jobs
 ):
     repo = tmp_path / "models"
-    shutil.copytree(fault_repository, repo)
+    shutil.copytree(both_repository, repo)
     srv = start_subprocess_server(tmp_path, repo, faults="load:vanish@1", repository_poll_s="0.5")
     try:
         models = wait_until(lambda: _models_loaded(srv), what="both models tried")
@@ -32,7 +32,7 @@ def test_a_graph_that_vanishes_while_loading_fails_its_model_alone_until_it_is_b
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_not_ready"
         assert "encoder.onnx" in refused.json()["error"]["message"]
 
-        shutil.copy2(fault_repository / "translator" / "1" / "encoder.onnx", repo / "translator" / "1" / "encoder.onnx")
+        shutil.copy2(both_repository / "translator" / "1" / "encoder.onnx", repo / "translator" / "1" / "encoder.onnx")
         back = time.monotonic()
         wait_until(lambda: srv.get("/readyz").status_code == 200, timeout=60, what="ready again")
         back_s = time.monotonic() - back

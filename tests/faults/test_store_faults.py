@@ -4,7 +4,6 @@ their maps' id null with the reason, and the refusals are counted."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 
@@ -13,7 +12,7 @@ import redis as redis_client
 
 from benchmarks.delay_proxy import DelayProxy
 from tests.faults.drill import ReadyWatch, judge, load, metrics, record
-from tests.faults.test_engine_faults import SETTINGS, essence, references
+from tests.faults.test_engine_faults import SETTINGS, fault_free
 from tests.service.service_testing import RedisServer, free_port, serving, wait_until
 
 ROOM = 256 << 10  # bytes Redis may hold beyond what it uses empty
@@ -27,7 +26,7 @@ def _redis_answers(port: int) -> bool:
 
 
 def test_a_full_attention_store_answers_every_request_without_its_maps(
-    fault_repository, tmp_path, translate_jobs, classify_jobs
+    both_repository, tmp_path, translate_jobs, classify_jobs
 ):
     port = free_port()
     redis = subprocess.Popen(
@@ -42,12 +41,12 @@ def test_a_full_attention_store_answers_every_request_without_its_maps(
     jobs = [(path, {**body, "return_attention": True}) for path, body in translate_jobs + classify_jobs]
     try:
         settings = {**SETTINGS, "attention_store": "redis", "redis_url": f"redis://127.0.0.1:{port}/0"}
-        with serving(tmp_path, fault_repository, **settings) as srv:
+        with serving(tmp_path, both_repository, **settings) as srv:
             wait_until(lambda: srv.get("/readyz").status_code == 200)
             with ReadyWatch(srv.url) as watch:
                 answers = load(srv.url, jobs, clients=8, per_client=12)
             plain = [(path, {k: v for k, v in body.items() if k != "return_attention"}) for path, body in jobs]
-            expected = references(srv.url, plain)
+            unchanged = fault_free(srv.url, plain)
             counted = metrics(srv.url, "attnserve_attention_store_failures_total")
             with httpx.Client(base_url=srv.url, timeout=30) as client:
                 ids = [r["attention_id"] for a in answers if a.status == 200 for r in a.payload["results"]]
@@ -57,10 +56,6 @@ def test_a_full_attention_store_answers_every_request_without_its_maps(
         redis.terminate()
         redis.wait(10)
 
-    def same(a) -> bool:
-        body = {k: v for k, v in a.body.items() if k != "return_attention"}
-        return essence(a.path, a.payload) == expected[json.dumps(body, sort_keys=True)]
-
     refused = [
         r
         for a in answers
@@ -68,7 +63,9 @@ def test_a_full_attention_store_answers_every_request_without_its_maps(
         for r in a.payload["results"]
         if r.get("attention_id") is None and r.get("attention_error")
     ]
-    outcome = judge("attention-store-full (Redis `maxmemory` 256 KiB above empty, `noeviction`)", answers, set(), same)
+    outcome = judge(
+        "attention-store-full (Redis `maxmemory` 256 KiB above empty, `noeviction`)", answers, set(), unchanged
+    )
     outcome.hit = []  # nobody is failed: the results without maps are the ones the full store refused
     outcome.not_ready_s, outcome.metrics = watch.not_ready_s(), {"maps_refused": len(refused), **counted}
     record(outcome)
@@ -85,7 +82,7 @@ CLIENTS = 4
 
 
 def test_a_redis_slower_than_the_budget_is_left_alone_and_used_again_once_fast(
-    fault_repository, tmp_path, translate_jobs
+    both_repository, tmp_path, translate_jobs
 ):
     """Redis answers 300 ms late (a delaying TCP proxy in front of a real one): requests are answered as without the
     cache (X-Cache: error), each lookup given up after the 50 ms budget, at most one a second; once Redis is fast
@@ -96,20 +93,20 @@ def test_a_redis_slower_than_the_budget_is_left_alone_and_used_again_once_fast(
     try:
         with DelayProxy(redis.port, 0.3) as proxy:
             settings = {**SETTINGS, "response_cache": "true", "redis_url": proxy.url}
-            with serving(tmp_path, fault_repository, **settings) as srv:
+            with serving(tmp_path, both_repository, **settings) as srv:
                 with ReadyWatch(srv.url) as watch:
                     answers = load(srv.url, translate_jobs, clients=CLIENTS, per_client=40)
                 counted = metrics(srv.url, "attnserve_response_cache_failures_total")
                 proxy.delay = 0.0
                 wait_until(lambda: _cached(srv.url, translate_jobs[0][1]) == "hit", timeout=10, what="a hit")
-                expected = references(srv.url, translate_jobs)
+                unchanged = fault_free(srv.url, translate_jobs)
     finally:
         redis.stop()
     outcome = judge(
         "redis-slow (300 ms a reply, cache budget 50 ms)",
         answers,
         set(),
-        lambda a: essence(a.path, a.payload) == expected[json.dumps(a.body, sort_keys=True)],
+        unchanged,
     )
     seconds = max(a.ended for a in answers) - min(a.sent for a in answers)
     errors = sum(a.cache == "error" for a in answers)

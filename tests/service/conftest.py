@@ -40,15 +40,6 @@ def fashion_pngs(fashion_test) -> list[bytes]:
     return [png_bytes(img[..., 0]) for img in images]
 
 
-@pytest.fixture(scope="session")
-def both_repository(tiny_vit_repository, tiny_translator_repository, tmp_path_factory) -> Path:
-    """A repository with the tiny ViT and the tiny translator, served together (read-only: copy to change)."""
-    repo = tmp_path_factory.mktemp("both") / "models"
-    shutil.copytree(tiny_vit_repository / "vit", repo / "vit")
-    shutil.copytree(tiny_translator_repository / "translator", repo / "translator")
-    return repo
-
-
 @pytest.fixture(scope="module")
 def server(tiny_vit_repository, tmp_path_factory) -> Iterator[SubprocessServer]:
     """``python -m service`` with small limits, so every error case is cheap to provoke."""

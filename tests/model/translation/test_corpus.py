@@ -12,6 +12,7 @@ import pytest
 from model.cli import run_cli
 from model.translation import corpus, debian, sources
 from model.translation.split import link_keys
+from tests.ci import missing, needs_tool
 from tests.conftest import run_module
 
 
@@ -293,10 +294,10 @@ def test_missing_apt_tools_are_reported(tmp_path, capsys, monkeypatch):
     assert code == 2 and "'apt-get' not found" in err and "--tsv" in err
 
 
-@pytest.mark.skipif(shutil.which("apt-get") is None, reason="needs apt-get (Debian/Ubuntu)")
+@needs_tool("apt-get", "Debian/Ubuntu")
 def test_unknown_package_is_reported(tmp_path):
     if not debian._apt_lists_present():
-        pytest.skip("apt has no package lists here")
+        missing("apt has no package lists here (apt-get update)")
     with pytest.raises(debian.PackageError, match="could not download package 'attnserve-no-such-package'"):
         debian.fetch("attnserve-no-such-package", tmp_path)
 

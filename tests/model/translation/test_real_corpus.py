@@ -27,7 +27,7 @@ PACKAGES = [p for spec in corpus.SOURCES.values() for p in spec.packages]
 @pytest.fixture(scope="session")
 def real_cache(tmp_path_factory) -> Path:
     if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
-        pytest.skip("apt-get and dpkg are needed to fetch the Debian packages")
+        missing("apt-get and dpkg are needed to fetch the Debian packages")
     cache = tmp_path_factory.mktemp("debian-cache")
     try:
         for name in PACKAGES:

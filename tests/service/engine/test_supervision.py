@@ -133,7 +133,7 @@ def test_repeated_failures_make_the_engine_unhealthy_and_the_other_lane_takes_th
         )
         return len(failures), unhealthy, served, sched.lanes[0].down
 
-    supervision = Supervision("t", limit=2, window_s=60)
+    supervision = Supervision(limit=2, window_s=60)
     failures, unhealthy, served, down = run(
         with_scheduler(body, faults=OnlyLaneZero([]), supervision=supervision, lanes=2)
     )
@@ -230,7 +230,7 @@ def test_an_instance_thread_that_raises_answers_its_batch_500_and_the_batcher_se
 
 def test_supervision_counts_failures_in_its_window_and_backs_off_past_the_limit():
     now = [0.0]
-    s = Supervision("m", limit=3, window_s=10, clock=lambda: now[0])
+    s = Supervision(limit=3, window_s=10, clock=lambda: now[0])
     error = RuntimeError("boom")
     assert [s.failed(error) for _ in range(2)] == [0.0, 0.0] and s.healthy and s.reason() is None
     assert s.failed(error) == 1.0 and not s.healthy and "failed 3 times" in s.reason() and "boom" in s.reason()
