@@ -571,7 +571,7 @@ def test_a_draining_replica_answers_readyz_503_before_it_stops_accepting(stack):
     accepting; the request it held is answered."""
     name = REPLICAS[0]
     url, container = stack.replica_url(name), stack.container(name)
-    body = {"texts": SENTENCES[:12], "beam_size": 4, "max_new_tokens": 96}
+    body = {"texts": SENTENCES[:24], "beam_size": 4, "max_new_tokens": 96}
     result: dict[str, object] = {}
 
     def translate() -> None:
@@ -624,13 +624,15 @@ def test_a_draining_replica_answers_readyz_503_before_it_stops_accepting(stack):
 
 
 def wait_running(url: str, result: dict, timeout: float = 30) -> None:
-    """Until the replica at ``url`` decodes a request (its running-sequences gauge above zero); ``result``
-    says how the request ended if it ended first."""
+    """Until the replica at ``url`` holds a request for the decoder (its waiting- or running-sequences gauge
+    above zero: the waiting one is set as the request is queued, the running one after each hop of steps);
+    ``result`` says how the request ended if it ended first."""
+    held = re.compile(r"^attnserve_(running|waiting)_sequences\{[^}]*\} [1-9]", re.MULTILINE)
     deadline = time.monotonic() + timeout
-    while not re.search(r"^attnserve_running_sequences\{[^}]*\} [1-9]", httpx.get(f"{url}/metrics").text, re.MULTILINE):
+    while not held.search(httpx.get(f"{url}/metrics", timeout=10).text):
         if result or time.monotonic() > deadline:
             pytest.fail(f"the request never reached the decoder: {result}")
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 # --- slow clients -----------------------------------------------------------------------------------------
