@@ -401,6 +401,22 @@ def test_bench_decoder_step_puts_ctranslate2s_whole_step_beside_the_graph():
         assert 0 < ms < 1_000 and 0 < low <= median <= high, cells
 
 
+def test_bench_int8_products_times_each_kernel_and_checks_which_is_batch_invariant():
+    """Every kernel of every shape gets a verdict and a time per rows; the shipped per-row scheme must come out
+    batch-invariant (it is what keeps a sentence's translation independent of the traffic beside it)."""
+    args = ("--rounds", "1", "--rows", "1", "2", "8", "--shapes", "256x256", "1024x256")
+    proc = run_module("benchmarks.bench_int8_products", *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    verdicts = dict(re.findall(r"^(\d+ x \d+ [\w-]+): (.*)$", proc.stdout, re.MULTILINE))
+    assert set(verdicts) == {f"{s} {k}" for s in ("256 x 256", "1024 x 256") for k in ("rows", "nbits", "nbits-row")}
+    assert verdicts["256 x 256 rows"] == verdicts["1024 x 256 rows"] == "batch-invariant", verdicts
+    rows = re.findall(r"^(\d+ x \d+), +(\d+) rows: (.*)$", proc.stdout, re.MULTILINE)
+    assert [(s, int(n)) for s, n, _ in rows] == [(s, n) for s in ("256 x 256", "1024 x 256") for n in (1, 2, 8)]
+    for _, _, cells in rows:
+        times = [float(ms) for ms in re.findall(r"\b(?:rows|nbits|nbits-row) ([\d.]+) ms", cells)]
+        assert len(times) == 3 and all(0 < ms < 100 for ms in times), cells
+
+
 def test_bench_lanes_splits_each_loads_time_inside_the_service(tiny_translator_repository):
     """The service under wrk, its lanes timed from inside: per load the rates, the steps split into the
     decoder run and what is around it, and the encoder runs, with figures that add up."""
