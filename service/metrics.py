@@ -86,6 +86,17 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.quota_refusals = Counter(
+            "attnserve_quota_refusals",
+            "Requests answered 429 `quota_exceeded` (gRPC: RESOURCE_EXHAUSTED), by the measure that was over.",
+            ["measure"],
+            registry=r,
+        )
+        self.quota_store_errors = Counter(
+            "attnserve_quota_store_errors",
+            "Quota charges the Redis of `quota_store=redis` failed or did not answer (let through uncounted).",
+            registry=r,
+        )
         self.deadline_exceeded_requests = Counter(
             "attnserve_deadline_exceeded_requests",
             "Requests answered 504 `deadline_exceeded` (or streams ended by that `error` event; a gRPC call: "
@@ -314,6 +325,10 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
         self.observe_request(f"grpc:{method}", "GRPC", status, seconds)  # the deprecated HTTP series, until 0.2.0
+
+    def quota_refused(self, measures: list[str]) -> None:
+        for measure in measures:
+            self.quota_refusals.labels(measure).inc()
 
     def deadline_exceeded(self, route: str) -> None:
         self.deadline_exceeded_requests.labels(route).inc()

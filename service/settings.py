@@ -369,6 +369,30 @@ class Settings(BaseSettings):
         "and a slow store finishes in the background.",
     )
 
+    # --- quotas -------------------------------------------------------------------------------
+    quota: str = Field(
+        "off",
+        description="Every API key's quota unless its line in `api_key_hashes_file` sets its own: limits such as "
+        "`requests=600/min,characters=100000/min,images=600/min` (windows `s`, `min`, `h`; characters: of the "
+        "texts to translate, images: to classify); `off`: none. Over it, 429 `quota_exceeded` with `Retry-After`.",
+    )
+    anonymous_quota: str = Field(
+        "requests=600/min,characters=120000/min,images=600/min",
+        description="Without API keys: each client address's quota (the addresses of `quota_exempt` have none); "
+        "`off`: none.",
+    )
+    quota_exempt: EnvList = Field(
+        ("127.0.0.0/8", "::1"),
+        description="Client addresses (or networks) that the anonymous quota leaves alone (a JSON list or "
+        "comma-separated): the host's own tools and probes. A proxy in front must forward the client's address "
+        "(`X-Forwarded-For`, trusted from `FORWARDED_ALLOW_IPS`).",
+    )
+    quota_store: Literal["memory", "redis"] = Field(
+        "memory",
+        description="Where quota windows are counted: `memory` (each process its own: N replicas allow N times "
+        "the quota) or `redis` (`redis_url`, shared by every replica; a Redis that fails lets requests through).",
+    )
+
     # --- faults -------------------------------------------------------------------------------
     engine_restart_limit: int = Field(
         3,
@@ -420,6 +444,23 @@ class Settings(BaseSettings):
     @classmethod
     def _hex_digests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         check_hashes(value)
+        return value
+
+    @field_validator("quota", "anonymous_quota", mode="after")
+    @classmethod
+    def _quota_policy(cls, value: str) -> str:
+        from service.core.quotas import parse_policy
+
+        parse_policy(value)
+        return value
+
+    @field_validator("quota_exempt", mode="after")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        import ipaddress
+
+        for net in value:
+            ipaddress.ip_network(net, strict=False)
         return value
 
     @field_validator("image_formats", mode="after")

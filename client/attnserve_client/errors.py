@@ -26,6 +26,7 @@ __all__ = [
     "NotFoundError",
     "OverloadedError",
     "PayloadTooLargeError",
+    "QuotaExceededError",
     "ServiceUnavailableError",
     "UnsupportedMediaTypeError",
 ]
@@ -139,6 +140,14 @@ class OverloadedError(ServiceUnavailableError):
     status = 503
 
 
+class QuotaExceededError(OverloadedError):
+    """429 ``quota_exceeded``: the API key (or, without keys, the client address) used its quota for now;
+    ``retry_after`` says when its window ends (none: the request alone is larger than the whole quota). Retried
+    after it like a full queue when it is within the client's ``max_retry_after``."""
+
+    status = 429
+
+
 # The service's stable error codes (service/errors.py). The code decides where it is known, so an
 # ``error`` event in the middle of a stream, which has no status of its own, still gets its class.
 _BY_CODE: dict[str, type[APIStatusError]] = {
@@ -164,6 +173,7 @@ _BY_CODE: dict[str, type[APIStatusError]] = {
     "invalid_field": InvalidFieldError,
     **dict.fromkeys(("inference_failed", "internal_error"), InternalServerError),
     "overloaded": OverloadedError,
+    "quota_exceeded": QuotaExceededError,
     **dict.fromkeys(
         ("model_not_ready", "not_ready", "shutting_down", "attention_store_unavailable"), ServiceUnavailableError
     ),

@@ -35,10 +35,22 @@ class Caller:
     share one path to the engines: the key it presented (its fingerprint; None: keys are off), which
     owns the attention records it stores, and how to await an answer, ``wait(answer, abandon)``, calling
     ``abandon()`` when the client goes away first (HTTP: ``answer_or_disconnect``; gRPC: the call's
-    cancellation)."""
+    cancellation); its quota, which the operations charge with the work once they know it; whether its
+    key queues as batch work only."""
 
     key_id: str | None
     wait: Wait
+    quota: Any = None  # its ``service.core.quotas.Quota``, charged at admission (None: not limited)
+    batch_only: bool = False  # its key's terms queue every request as batch work
 
     def store(self, store: Any) -> KeyedStore:
         return KeyedStore(store, self.key_id)
+
+    def priority(self, asked: str) -> str:
+        """The priority its work queues with: what it asked, unless its key allows batch only."""
+        return "batch" if self.batch_only else asked
+
+    async def charge(self, **work: int) -> None:
+        """Count the work of the request (``characters=``, ``images=``) against its quota: 429 if over."""
+        if self.quota is not None:
+            await self.quota.charge(**work)

@@ -97,6 +97,8 @@ async def submit(
     a miss would be (the image is decoded and checked either way)."""
     classifier, batcher, cache = served.classifier, served.batcher, serving.responses
     assert classifier is not None and batcher is not None  # checked by the callers
+    await caller.charge(images=len(rows))  # a hit costs what a miss does: the quota is the caller's
+    priority = caller.priority(priority)
     if cache is None or attention:  # attention ids are the caller's: never from the cache
         if report is not None and cache is not None:
             report.bypassed()

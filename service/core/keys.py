@@ -5,6 +5,10 @@ gRPC metadata (``authorization``). The service holds hashes only (``ATTNSERVE_AP
 Kubernetes Secret), never keys. A presented key is hashed and compared with every accepted hash in
 constant time. A key is known afterwards by its fingerprint (the first 12 hex digits of its hash):
 the access log names it, and attention records belong to it. Keys themselves are never logged.
+
+A line of the key file may give its key terms after the hash (``service/core/quotas.py``):
+``<hash> quota=requests=60/min,characters=20000/min priority=batch``: its own quota instead of
+``ATTNSERVE_QUOTA``, and ``priority=batch`` to queue its requests as batch work whatever they ask.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import hmac
 from pathlib import Path
 
+from service.core.quotas import KeyTerms, parse_policy
 from service.errors import ServiceError
 from service.settings import Settings, check_hashes
 
@@ -30,25 +35,54 @@ def hash_key(key: str) -> str:
 
 def read_hashes(inline: tuple[str, ...], path: Path | None) -> tuple[str, ...]:
     """The accepted hashes: the setting's and the file's (one per line; blank lines and ``#`` comments skipped)."""
-    hashes = list(inline)
+    return tuple(read_terms(inline, path))
+
+
+def read_terms(inline: tuple[str, ...], path: Path | None) -> dict[str, KeyTerms]:
+    """Each accepted hash (lower case) and the terms its line in the file gives (a ValueError names a bad line)."""
+    terms = {h: KeyTerms() for h in inline}
     if path is not None:
-        for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                hashes.append(line)
-    check_hashes(hashes)
-    return tuple(h.lower() for h in hashes)
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            words = line.split("#", 1)[0].split()
+            if words:
+                try:
+                    terms[words[0]] = _terms(words[1:])
+                except ValueError as e:
+                    raise ValueError(f"{path}, line {number}: {e}") from None
+    check_hashes(list(terms))
+    return {h.lower(): t for h, t in terms.items()}
+
+
+def _terms(words: list[str]) -> KeyTerms:
+    quota, priority = None, None
+    for word in words:
+        name, _, value = word.partition("=")
+        if name == "quota":
+            quota = parse_policy(value)
+        elif name == "priority" and value in ("interactive", "batch"):
+            priority = value
+        else:
+            raise ValueError(
+                f"{word!r}: a key's terms are quota=MEASURE=AMOUNT/WINDOW,... and priority=interactive|batch"
+            )
+    return KeyTerms(quota, priority)
 
 
 def load_keys(settings: Settings) -> Keys | None:
     """The keys the settings accept, or None when keys are off (no hashes configured)."""
-    hashes = read_hashes(settings.api_key_hashes, settings.api_key_hashes_file)
-    return Keys(hashes) if hashes else None
+    terms = read_terms(settings.api_key_hashes, settings.api_key_hashes_file)
+    return Keys(tuple(terms), terms) if terms else None
 
 
 class Keys:
-    def __init__(self, hashes: tuple[str, ...]) -> None:
+    def __init__(self, hashes: tuple[str, ...], terms: dict[str, KeyTerms] | None = None) -> None:
         self._hashes = [bytes.fromhex(h) for h in hashes]
+        self.terms = {h[:FINGERPRINT_CHARS]: t for h, t in (terms or {}).items()}  # by fingerprint
+
+    def priority(self, key_id: str | None, asked: str) -> str:
+        """The priority a request of key ``key_id`` queues with: ``batch`` if its terms say so, else what it asked."""
+        terms = self.terms.get(key_id) if key_id is not None else None
+        return terms.priority if terms is not None and terms.priority == "batch" else asked
 
     def check(self, authorization: str | None) -> str:
         """The fingerprint of the presented key, or 401 ``unauthorized`` (with ``WWW-Authenticate``)."""

@@ -23,6 +23,7 @@ from service import __version__
 from service.attention.store import AttentionStore, create_store
 from service.core.admission import InFlight
 from service.core.keys import Keys
+from service.core.quotas import Quotas
 from service.core.response_cache import ResponseCache
 from service.images import ImageDecoder, ImageLimits
 from service.lifecycle import Lifecycle
@@ -65,6 +66,7 @@ class Serving:
     in_flight: InFlight  # requests that queue work, over every transport
     draining: Draining = field(default_factory=Draining)
     responses: ResponseCache | None = None  # the response cache in Redis (None: off)
+    quotas: Quotas | None = None  # who is limited how (None: nobody)
 
     def readiness(self) -> tuple[bool, list[str]]:
         """(ready, reasons), as ``Registry.readiness``; never ready once draining, whatever the models."""
@@ -96,7 +98,10 @@ async def running(
     store = create_store(settings, metrics.for_attention_store())
     responses = ResponseCache.from_settings(settings, metrics.for_response_cache())
     lifecycle = Lifecycle(registry)
-    serving = Serving(settings, metrics, registry, decoder, store, lifecycle, keys, in_flight, responses=responses)
+    quotas = Quotas.from_settings(settings, keys.terms if keys is not None else None, metrics)
+    serving = Serving(
+        settings, metrics, registry, decoder, store, lifecycle, keys, in_flight, responses=responses, quotas=quotas
+    )
     loading = asyncio.create_task(registry.load(), name="load-models")
     if settings.repository_poll_s > 0:
         lifecycle.start_polling(settings.repository_poll_s)
@@ -115,6 +120,8 @@ async def running(
         await store.close()
         if responses is not None:
             await responses.close()
+        if quotas is not None:
+            await quotas.close()
         decoder.close()
         flush_access_logs()
         log.info("stopped")

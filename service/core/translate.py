@@ -28,7 +28,7 @@ from service.core.response_cache import (
 )
 from service.core.serving import Serving
 from service.core.single_flight import follow
-from service.engine.scheduler import Scheduler
+from service.engine.scheduler import Scheduler, Ticket
 from service.errors import InferenceFailed, InvalidField, ServiceError
 from service.logs import current_request_id
 from service.registry import ServedModel
@@ -97,6 +97,7 @@ async def translate_texts(
     request. With the response cache on, the texts it holds are answered from it and only the others
     decoded (``report`` says how many came from it)."""
     translator, scheduler, jobs, options = decode_jobs(served, serving.settings, body)
+    await caller.charge(characters=characters(body))  # a hit costs what a miss does: the quota is the caller's
     cache = serving.responses
     if cache is None or body.return_attention:  # attention ids are the caller's: never from the cache
         if report is not None and cache is not None:
@@ -135,6 +136,22 @@ async def translate_texts(
     return {"model": translator.name, "version": translator.version, "results": results}
 
 
+async def stream_text(
+    caller: Caller, serving: Serving, served: ServedModel, body: TranslateRequest, deadline: float
+) -> tuple[Translator, Job, list[Ticket]]:
+    """The one text of a streamed request queued for greedy decoding: its translator, job and tickets, whose
+    events carry each token as it is decoded."""
+    translator, scheduler, (job,), _ = decode_jobs(served, serving.settings, body)
+    await caller.charge(characters=characters(body))
+    tickets = scheduler.submit(job.requests, stream=True, deadline=deadline, priority=caller.priority(body.priority))
+    return translator, job, tickets
+
+
+def characters(body: TranslateRequest) -> int:
+    """The work a translation request is charged: the characters of its texts."""
+    return sum(len(t) for t in body.all_texts)
+
+
 async def _decode(
     caller: Caller,
     serving: Serving,
@@ -144,7 +161,8 @@ async def _decode(
     body: TranslateRequest,
     deadline: float,
 ) -> dict:
-    tickets = scheduler.submit([r for job in jobs for r in job.requests], deadline=deadline, priority=body.priority)
+    requests = [r for job in jobs for r in job.requests]
+    tickets = scheduler.submit(requests, deadline=deadline, priority=caller.priority(body.priority))
 
     def abandon() -> None:
         for t in tickets:

@@ -11,6 +11,10 @@
   ``attnserve_grpc_call_duration_seconds`` by RPC and gRPC status code (and, deprecated, in the HTTP
   series under the route ``grpc:<RPC>`` and method ``GRPC``, until the next release);
   ``x-request-id`` metadata is the request id, and comes back in the trailing metadata.
+- Quotas: a call that queues work is charged a request at admission, its work in the operation
+  (``service/core/quotas.py``); over the quota, ``RESOURCE_EXHAUSTED`` with ``retry-after`` metadata and a
+  ``google.rpc.RetryInfo`` in the status details; ``ratelimit`` and ``ratelimit-policy`` come back in the
+  trailing metadata of every metered call, as the HTTP fields.
 - Errors: a ``ServiceError`` ends the call with the gRPC code of its HTTP status (``CODES``) and its
   message; ``Retry-After`` comes back as ``retry-after`` trailing metadata. Anything unexpected is
   logged and answered ``INTERNAL`` without a stack trace.
@@ -28,6 +32,7 @@ from typing import Any
 import grpc
 
 from service.core.admission import InFlight
+from service.core.caller import Caller
 from service.core.serving import Serving
 from service.errors import DeadlineExceeded, ServiceError, log_server_error
 from service.logs import AccessLog, bind_request_id, unbind_request_id
@@ -45,7 +50,7 @@ CODES = {
     413: grpc.StatusCode.INVALID_ARGUMENT,  # an image or text too large: retrying cannot help
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
-    429: grpc.StatusCode.UNAVAILABLE,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,  # a quota: retry after its window (RetryInfo)
     499: grpc.StatusCode.CANCELLED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,  # a full queue or a model not ready: Triton's answer, worth a retry
@@ -80,6 +85,14 @@ class Calls:
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         return self.keys.check(metadata.get("authorization"))
 
+    def caller(self, key_id: str | None, context: grpc.aio.ServicerContext) -> Caller:
+        """A call as a ``Caller``: its key, its quota (by key, or by the peer's address without keys), the call's
+        cancellation watched."""
+        quotas = self.serving.quotas
+        quota = quotas.for_caller(key_id, peer_address(context.peer())) if quotas is not None else None
+        batch_only = self.keys is not None and self.keys.priority(key_id, "interactive") == "batch"
+        return Caller(key_id, wait, quota, batch_only)
+
     def observe(self, method: str, status: int, started: float, context: Any, request_id: str, key_id: str | None):
         elapsed = time.perf_counter() - started
         self.serving.metrics.observe_call(method, code_name(status), status, elapsed)
@@ -100,12 +113,28 @@ async def wait(answer: asyncio.Future, abandon: Callable[[], None]) -> Any:
         raise
 
 
-Handler = Callable[[Any, Any, grpc.aio.ServicerContext, str | None], Awaitable[Any]]
+def peer_address(peer: str | None) -> str | None:
+    """The address of a gRPC peer (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``); None for a Unix socket."""
+    kind, _, rest = (peer or "").partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return None
+
+
+def quota_metadata(quota: Any) -> tuple[tuple[str, str], ...]:
+    """A metered call's ``ratelimit-policy`` and ``ratelimit`` trailing metadata (none unless metered)."""
+    return tuple((k.lower(), v) for k, v in quota.headers().items()) if quota is not None else ()
+
+
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext, Any], Awaitable[Any]]
 
 
 def rpc(method: str, open_access: bool = False, queues_work: bool = False) -> Callable[[Handler], Callable]:
     """A unary RPC ``handler(self, request, context, key_id)``, with keys, metrics, log and errors around it;
-    with ``queues_work``, admitted under the in-flight bound first (after the key, as the HTTP router does)."""
+    with ``queues_work``, ``handler(self, request, context, caller)``, charged a request against the caller's quota
+    and admitted under the in-flight bound first (after the key, as the HTTP router does)."""
 
     def wrap(handler: Handler) -> Callable:
         @functools.wraps(handler)
@@ -114,20 +143,24 @@ def rpc(method: str, open_access: bool = False, queues_work: bool = False) -> Ca
             started = time.perf_counter()
             metadata = dict(context.invocation_metadata() or ())
             request_id, token = bind_request_id(metadata.get("x-request-id"))
-            status, key_id = 500, None
+            status, key_id, caller = 500, None, None
             admitted: InFlight | None = None  # counted until its answer is made, whatever happens
             try:
                 if not open_access:
                     key_id = calls.authenticate(context)
                 if queues_work:
+                    caller = calls.caller(key_id, context)
+                    if caller.quota is not None:
+                        await caller.quota.charge(requests=1)
                     admitted = calls.in_flight.enter()
-                answer = await handler(self, request, context, key_id)
+                answer = await handler(self, request, context, caller if queues_work else key_id)
                 status = 200
-                context.set_trailing_metadata((("x-request-id", request_id),))
+                quota = caller.quota if caller is not None else None
+                context.set_trailing_metadata((("x-request-id", request_id), *quota_metadata(quota)))
                 return answer
             except ServiceError as e:
                 status = e.status
-                await abort(calls, context, e, method, request_id)
+                await abort(calls, context, e, method, request_id, caller.quota if caller is not None else None)
             except asyncio.CancelledError:
                 status = 499
                 raise
@@ -152,10 +185,33 @@ def failed(calls: Calls, error: ServiceError, method: str) -> None:
         calls.serving.metrics.deadline_exceeded(f"grpc:{method}")
 
 
-async def abort(calls: Calls, context: grpc.aio.ServicerContext, error: ServiceError, method: str, request_id: str):
-    """End the call with ``error``'s gRPC code and message (raises, as ``context.abort`` does)."""
+async def abort(
+    calls: Calls,
+    context: grpc.aio.ServicerContext,
+    error: ServiceError,
+    method: str,
+    request_id: str,
+    quota: Any = None,
+):
+    """End the call with ``error``'s gRPC code and message (raises, as ``context.abort`` does); a quota refusal
+    carries a ``google.rpc.RetryInfo`` in its status details."""
     failed(calls, error, method)
-    trailing = [("x-request-id", request_id)]
+    code = status_code(error.status)
+    trailing = [("x-request-id", request_id), *quota_metadata(quota)]
     if "Retry-After" in error.headers:
         trailing.append(("retry-after", error.headers["Retry-After"]))
-    await context.abort(status_code(error.status), error.message, tuple(trailing))
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            trailing.append(
+                ("grpc-status-details-bin", retry_details(code, error.message, error.headers["Retry-After"]))
+            )
+    await context.abort(code, error.message, tuple(trailing))
+
+
+def retry_details(code: grpc.StatusCode, message: str, seconds: str) -> bytes:
+    """A ``google.rpc.Status`` holding a ``RetryInfo`` of ``seconds``: how gRPC clients learn when to retry."""
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=int(seconds))))
+    return status_pb2.Status(code=code.value[0], message=message, details=[detail]).SerializeToString()

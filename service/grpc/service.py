@@ -20,7 +20,7 @@ from service.core.caller import Caller
 from service.core.deadlines import deadline, oip_timeout
 from service.errors import ServiceError
 from service.grpc import tensors
-from service.grpc.calls import INTERNAL_MESSAGE, Calls, failed, rpc, wait
+from service.grpc.calls import INTERNAL_MESSAGE, Calls, failed, rpc
 from service.grpc.generated import grpc_service_pb2 as pb
 from service.grpc.generated import model_config_pb2
 from service.grpc.generated.grpc_service_pb2_grpc import GRPCInferenceServiceServicer
@@ -99,8 +99,8 @@ class InferenceService(GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     @rpc("ModelInfer", queues_work=True)
-    async def ModelInfer(self, request, context, key_id):
-        return await self._infer(request, Caller(key_id, wait), context.time_remaining())
+    async def ModelInfer(self, request, context, caller):
+        return await self._infer(request, caller, context.time_remaining())
 
     async def _infer(self, request: pb.ModelInferRequest, caller: Caller, remaining_s: float | None):
         arrived = time.monotonic()
@@ -126,7 +126,7 @@ class InferenceService(GRPCInferenceServiceServicer):
         running: set[asyncio.Task] = set()
 
         async def answer(request: pb.ModelInferRequest) -> None:
-            answers.put_nowait(await self._stream_one(request, Caller(key_id, wait), context, request_id))
+            answers.put_nowait(await self._stream_one(request, self.calls.caller(key_id, context), context, request_id))
 
         async def read() -> None:
             async for request in request_iterator:
@@ -154,6 +154,8 @@ class InferenceService(GRPCInferenceServiceServicer):
         started, status = time.perf_counter(), 500
         admitted = None
         try:
+            if caller.quota is not None:
+                await caller.quota.charge(requests=1)
             admitted = self.calls.in_flight.enter()
             response = await self._infer(request, caller, context.time_remaining())
             status = 200

@@ -24,7 +24,14 @@ ALLOWED_HEADERS = (
     "X-Request-Timeout",
     "Inference-Header-Content-Length",
 )
-EXPOSED_HEADERS = ("X-Request-ID", "Retry-After", "Inference-Header-Content-Length", "Content-Disposition")
+EXPOSED_HEADERS = (
+    "X-Request-ID",
+    "Retry-After",
+    "RateLimit",
+    "RateLimit-Policy",
+    "Inference-Header-Content-Length",
+    "Content-Disposition",
+)
 
 
 class CorsRefused(ServiceError):

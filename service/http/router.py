@@ -171,13 +171,19 @@ class Router:
         scope["path_params"] = params
         request = Request(scope, receive)
         admitted: InFlight | None = None  # counted while its answer is being made and sent, whatever happens
+        quota = None
         try:
             try:
                 if self.keys is not None and route.access in self._guarded:  # = self.guards(route), inlined
                     scope["key_id"] = self.keys.check(request.headers.get("authorization"))
+                serving = scope["app"].state.serving
+                if route.deadline and serving.quotas is not None:  # a request that queues work is metered
+                    client = scope.get("client")
+                    quota = scope["quota"] = serving.quotas.for_caller(scope.get("key_id"), client and client[0])
+                    if quota is not None:
+                        await quota.charge(requests=1)
                 if route.deadline and self.in_flight is not None:  # before the body is read: refusing costs little
                     admitted = self.in_flight.enter()
-                serving = scope["app"].state.serving
                 if route.query is None:
                     response = await route.handler(request, serving)
                 else:
@@ -192,6 +198,8 @@ class Router:
                 code = HTTP_CODES.get(e.status_code) or _status_code_name(e.status_code)
                 message = e.detail if isinstance(e.detail, str) else HTTPStatus(e.status_code).phrase
                 response = error_format(scope["path"])(e.status_code, code, message, e.headers)
+            if quota is not None:  # every answer of a metered route says where the caller's quota stands
+                response.headers.update(quota.headers())
             await response(scope, receive, send)
         finally:
             if admitted is not None:

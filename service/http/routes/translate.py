@@ -22,7 +22,7 @@ from contract.translation_text import labels, render
 from service.core.caller import KeyedStore
 from service.core.response_cache import CacheReport
 from service.core.serving import Serving
-from service.core.translate import answer, decode_jobs, translate_texts
+from service.core.translate import answer, stream_text, translate_texts
 from service.engine.scheduler import Ticket
 from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType
 from service.http.common import JSON_TYPE, attention_store, http_caller, parse_json_body
@@ -44,8 +44,7 @@ async def translate(request: Request, serving: Serving) -> Response:
     if body.stream:  # tokens as they are decoded: never from the cache
         if serving.responses is not None:
             report.bypassed()
-        translator, scheduler, (job,), _ = decode_jobs(served, serving.settings, body)
-        tickets = scheduler.submit(job.requests, stream=True, deadline=deadline, priority=body.priority)
+        translator, job, tickets = await stream_text(http_caller(request), serving, served, body, deadline)
         store = attention_store(request, serving.attention) if body.return_attention else None
         return StreamingResponse(
             _events(job, tickets, translator, body.num_return_sequences > 1, store, request.scope),
