@@ -317,18 +317,21 @@ class DecodeBatch:
         rows.write(0, each, self.width)
         return DecodeBatch.over(rows, self.requests, self.tokens, self.width)
 
-    def take(self, rows: np.ndarray, requests: list[DecodeRequest], tokens: np.ndarray) -> DecodeBatch:
+    def take(
+        self, rows: np.ndarray, requests: list[DecodeRequest], tokens: np.ndarray, own: bool = False
+    ) -> DecodeBatch:
         """The batch made of ``rows`` (in that order); cache and source columns no row uses are dropped when
         there are ``GROW`` or more of them (:func:`~contract.batch_rows.trim_points`). Otherwise the rows
-        move within this batch's buffers, which the returned batch shares: this one is spent."""
+        move within this batch's buffers, which the returned batch shares: this one is spent. With ``own``
+        the rows are copied into buffers of their own, and this batch is left as it was."""
         g = self.group
         groups = rows[::g] // g  # the cross rows of the requests kept: a request's rows stay together
         cache_mask, src_mask = self.cache_mask[rows], self.src_mask[groups]
         first, last = trim_points(cache_mask, src_mask, self.width)
-        if self.rows is not None and first == 0 and last == self.src_mask.shape[1]:
+        if not own and self.rows is not None and first == 0 and last == self.src_mask.shape[1]:
             self.rows.gather(rows, groups, self.width)
             return DecodeBatch.over(self.rows, requests, tokens, self.width)
-        room = len(self.rows) if self.rows is not None else None
+        room = len(self.rows) if self.rows is not None and not own else None
         full = Rows.allocate(self, spare_rows(len(rows), room), self.capacity - first, last, g)
         m, r = len(rows), len(groups)
         for new, old in zip(full.caches(), [*self.past_keys, *self.past_values]):
@@ -337,6 +340,25 @@ class DecodeBatch:
             new[:r] = old[groups, :, :last]
         full.cache_mask[:m], full.src_mask[:r] = cache_mask[:, first:], src_mask[:, :last]
         return DecodeBatch.over(full, requests, tokens, self.width - first)
+
+
+def split(batch: DecodeBatch, leaving: set[int]) -> tuple[DecodeBatch | None, DecodeBatch | None]:
+    """(the batch of the requests whose ids are not in ``leaving``, the batch of those that are): the second in
+    buffers of its own, to be joined back later with :func:`concatenate` (a row decodes the same whatever
+    rows beside it and wherever its cache columns lie). ``batch`` is spent; either side may be None (no rows)."""
+    starts = np.cumsum([0] + [r.beam for r in batch.requests])
+    stay, go = [], []
+    for i, r in enumerate(batch.requests):
+        (go if r.id in leaving else stay).append(i)
+
+    def part(indices: list[int], own: bool) -> DecodeBatch | None:
+        if not indices:
+            return None
+        rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in indices])
+        return batch.take(rows, [batch.requests[i] for i in indices], batch.tokens[rows], own=own)
+
+    left = part(go, own=True)  # copied first: taking the rows that stay reuses the buffers
+    return part(stay, own=False), left
 
 
 def concatenate(a: Batch, b: Batch, room: int | None = None) -> Batch:

@@ -23,7 +23,12 @@ when they have rows free.
 
 A submission is ``interactive`` (the default) or ``batch``: a lane admits its interactive tickets first, in
 arrival order, then its batch ones; a batch ticket that has waited ``batch_max_wait_s`` is admitted before
-any interactive one, so bulk work is delayed, never starved.
+any interactive one, so bulk work is delayed, never starved. When interactive tickets wait for a lane whose
+batch holds batch rows, those rows are set aside (their caches copied out, :func:`~contract.decoding.split`)
+for as long as the lane has interactive work, so that an interactive sentence steps with no bulk rows beside
+it; they join back (:func:`~contract.decoding.concatenate`) once it has none, or once the oldest of them has
+been queued ``batch_max_wait_s`` (a ticket that old is never set aside again). A row decodes the same set
+aside or not. Only host batches are set aside (a device batch's rows live in OrtValues).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from contract.decoding import Batch, DecodeBatch, DecodeRequest, concatenate, step
+from contract.decoding import Batch, DecodeBatch, DecodeRequest, concatenate, split, step
 from service.engine.admission import Admission
 from service.engine.batching import succeeded
 from service.engine.supervision import Supervision
@@ -115,6 +120,9 @@ class Lane:
     joined: list[Ticket] = field(default_factory=list)  # joining this hop: their first token is its first step's
     fault: Exception | None = None  # raised by a settle the thread posted: the lane fails when its hop returns
     down: bool = False  # failed, waiting to restart: the other lanes take what waits for it
+    aside: set[int] = field(default_factory=set)  # running batch requests set aside while interactive work runs
+    aside_rows: int = 0  # their rows (not in ``rows``)
+    aside_batch: Batch | None = None  # their rows, as the lane's thread split them off
 
     @property
     def load(self) -> int:
@@ -261,6 +269,7 @@ class Scheduler:
             lane.waiting_rows = lane.interactive = 0
             lane.running.clear()
             lane.rows = 0
+            _clear_aside(lane)
         for lane in self.lanes:
             await asyncio.to_thread(lane.executor.shutdown, wait=True)
 
@@ -347,6 +356,8 @@ class Scheduler:
                 continue
             if not self._room_for(lane, head.request):
                 break
+            if lane.aside and head.priority != INTERACTIVE and now_pc() - head.enqueued_at < self.batch_max_wait_s:
+                break  # batch work waits while the lane's own is set aside
             self._dequeue(lane, head)
             lane.rows += head.request.beam
             lane.running[head.request.id] = head  # the lane's from now on: answered if it fails
@@ -375,6 +386,7 @@ class Scheduler:
         tickets = list(lane.running.values())
         lane.running.clear()
         lane.rows, lane.batch, lane.joined, lane.fault = 0, None, [], None
+        _clear_aside(lane)
         log.error(
             "lane %d of model %s failed; answering its %d running requests 500 (%s) and restarting it",
             lane.index,
@@ -389,27 +401,60 @@ class Scheduler:
         self._observer.occupancy(self.running_rows, self.waiting_rows)
         return self.supervision.failed(error)
 
+    def _set_aside(self, lane: Lane) -> tuple[set[int], bool]:
+        """On the event loop, before a hop: (the ids of the batch requests it sets aside, whether it joins back
+        those set aside). Aside while the lane has interactive work running or waiting; back once it has none,
+        or once the oldest set aside has been queued ``batch_max_wait_s``, when their rows fit again."""
+        now = now_pc()
+        if lane.aside:
+            running = [t for i, t in lane.running.items() if i not in lane.aside]
+            interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running)
+            overdue = any(now - lane.running[i].enqueued_at >= self.batch_max_wait_s for i in lane.aside)
+            if (overdue or not interactive) and lane.rows + lane.aside_rows <= self.max_running_rows:
+                lane.rows += lane.aside_rows
+                lane.aside, lane.aside_rows = set(), 0
+                return set(), True
+            return set(), False
+        if not lane.interactive or not isinstance(lane.batch, DecodeBatch):
+            return set(), False
+        leaving = {
+            i
+            for i, t in lane.running.items()
+            if t.priority != INTERACTIVE and now - t.enqueued_at < self.batch_max_wait_s
+        }
+        if leaving:
+            lane.aside, lane.aside_rows = leaving, sum(lane.running[i].request.beam for i in leaving)
+            lane.rows -= lane.aside_rows
+        return leaving, False
+
     async def _loop(self, lane: Lane) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not lane.waiting:
                 self._steal(lane)
-            if lane.batch is None and not lane.waiting:
+            if lane.batch is None and not lane.waiting and not lane.aside:
                 lane.wakeup.clear()
                 await lane.wakeup.wait()
                 continue
+            leaving, back = self._set_aside(lane)
             joining = self._admit(lane)
             self._faults.hit("lane")
-            if lane.batch is None and not joining:
+            if lane.batch is None and not joining and not back:
                 continue
-            lane.batch = await self._hop(loop, lane, joining)
+            lane.batch = await self._hop(loop, lane, joining, leaving, back)
             self._observer.occupancy(self.running_rows, self.waiting_rows)
             if lane.batch is None:
                 for other in self.lanes:  # this lane ran dry: one that sleeps may steal what waits
                     other.wakeup.set()
 
     def _work(
-        self, lane: Lane, joining: list[DecodeRequest], streaming: bool
+        self,
+        lane: Lane,
+        joining: list[DecodeRequest],
+        streaming: bool,
+        leaving: set[int] = frozenset(),  # type: ignore[assignment]
+        back: bool = False,
+        yields: bool = False,
     ) -> tuple[BaseException | None, list[DecodeRequest], DecodeBatch | None, list[tuple[int, float, int, float]]]:
         """One hop of the worker thread: encode the joining requests onto the batch, then decoder steps.
 
@@ -418,6 +463,11 @@ class Scheduler:
         loop a wake-up, and joining on the loop held the GIL while every running cache was copied.
         """
         error, batch = None, lane.batch
+        if leaving and isinstance(batch, DecodeBatch):  # batch work set aside while interactive work runs
+            batch, lane.aside_batch = split(batch, leaving)
+        if back and lane.aside_batch is not None:
+            aside, lane.aside_batch = lane.aside_batch, None
+            batch = aside if batch is None else concatenate(batch, aside, room=self.max_running_rows)
         if joining:
             try:
                 room = self.max_running_rows if batch is None else None  # a joining batch's rows are copied
@@ -428,10 +478,10 @@ class Scheduler:
                 batch = new if batch is None else concatenate(batch, new, room=self.max_running_rows)
         if batch is None:
             return error, [], None, []
-        return (error, *self._steps(lane, batch, streaming))
+        return (error, *self._steps(lane, batch, streaming, yields))
 
     def _steps(
-        self, lane: Lane, batch: DecodeBatch, streaming: bool
+        self, lane: Lane, batch: DecodeBatch, streaming: bool, yields: bool = False
     ) -> tuple[list[DecodeRequest], DecodeBatch, list[tuple[int, float, int, float]]]:
         """Decoder steps on the worker thread until the event loop has something to do: requests wait to
         join (once the hop has run ``JOIN_EVERY`` steps), the batch ran dry, a stream has a token to send
@@ -458,6 +508,7 @@ class Scheduler:
                 or lane.fault is not None
                 or streaming
                 or (ran >= JOIN_EVERY and self._joinable(lane))
+                or (yields and lane.interactive)  # batch rows to set aside for an interactive arrival
                 or ran >= MAX_STEPS_PER_HOP
                 or now >= deadline
             ):
@@ -466,15 +517,20 @@ class Scheduler:
                 loop.call_soon_threadsafe(self._settle_posted, lane, finished, steps)
                 steps = []
 
-    async def _hop(self, loop, lane: Lane, joining: list[Ticket]) -> Batch | None:
+    async def _hop(
+        self, loop, lane: Lane, joining: list[Ticket], leaving: set[int] = frozenset(), back: bool = False
+    ) -> Batch | None:
         now = time.perf_counter()
         for t in joining:
             t.started_at = now
         streaming = any(t.events is not None for t in lane.running.values())
+        # a batch that holds batch rows hands back after a step when interactive work arrives, to set them aside
+        host = lane.batch is None or isinstance(lane.batch, DecodeBatch)  # a device batch is never set aside
+        yields = host and any(t.priority != INTERACTIVE for i, t in lane.running.items() if i not in lane.aside)
         lane.joined = list(joining)
         try:
             error, finished, batch, steps = await loop.run_in_executor(
-                lane.executor, self._work, lane, [t.request for t in joining], streaming
+                lane.executor, self._work, lane, [t.request for t in joining], streaming, leaving, back, yields
             )
         except asyncio.CancelledError:
             raise  # stop() fails what runs and waits
@@ -488,6 +544,7 @@ class Scheduler:
             )
             lane.running.clear()
             lane.rows = 0
+            _clear_aside(lane)
             self._observer.failed()
             for t in tickets:
                 self._fail([t], self._admission.failed(t.request_id))
@@ -589,6 +646,15 @@ class Scheduler:
                 t.future.set_exception(error)
                 if t.events is not None:
                     t.future.exception()  # a stream reads the error from its events; nobody awaits this future
+
+
+def now_pc() -> float:
+    return time.perf_counter()
+
+
+def _clear_aside(lane: Lane) -> None:
+    """Forget what the lane set aside: its requests were answered with the others (a failure, a stop)."""
+    lane.aside, lane.aside_rows, lane.aside_batch = set(), 0, None
 
 
 def _ids(tickets: list[Ticket]) -> str:

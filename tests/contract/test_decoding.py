@@ -22,6 +22,7 @@ from contract.decoding import (
     pad_sources,
     run_to_end,
     session_fn,
+    split,
     step,
 )
 from contract.manifest import load_entry
@@ -212,6 +213,49 @@ def test_requests_joining_a_running_batch_get_what_they_get_alone(real_graphs):
         assert len(r.results()) == r.num_return and all(len(h.tokens) <= r.max_new_tokens for h in r.results())
         ranks = [h.ranking(r.length_penalty) for h in r.results()]
         assert ranks == sorted(ranks, reverse=True)
+
+
+def test_requests_set_aside_and_joined_back_get_what_they_get_alone(real_graphs):
+    """``split`` sets some requests' rows aside (buffers of their own) while the others step on; joined back
+    later, every request decodes what it decodes alone: the scheduler parks batch work so."""
+    enc, dec, spec = real_graphs
+    reqs = [
+        DecodeRequest([40, 41, 42, 2], 14),
+        DecodeRequest([50, 51, 2], 14, beam=2, num_return=2),
+        DecodeRequest([60, 61, 62, 63, 64, 65, 2], 12),
+        DecodeRequest([70, 71, 2], 14, beam=2),
+    ]
+    batch = DecodeBatch.start(reqs, enc, spec)
+    if not isinstance(batch, DecodeBatch):
+        pytest.skip(
+            "the device path's batches keep their rows in OrtValues: the scheduler sets aside host batches only"
+        )
+    finished = []
+    for _ in range(2):
+        done, batch = step(batch, dec, spec)
+        finished += done
+    aside = {reqs[1].id, reqs[2].id}
+    batch, parked = split(batch, aside)
+    assert [r.id for r in parked.requests] == [reqs[1].id, reqs[2].id] and len(parked) == 3
+    assert [r.id for r in batch.requests] == [reqs[0].id, reqs[3].id]
+    before = [c.copy() for c in parked.past_keys]
+    for _ in range(5):
+        done, batch = step(batch, dec, spec)
+        finished += done
+    assert all(np.array_equal(a, b) for a, b in zip(before, parked.past_keys))  # untouched while aside
+    batch = concatenate(batch, parked)
+    while len(batch):
+        done, batch = step(batch, dec, spec)
+        finished += done
+    assert sorted(r.id for r in finished) == sorted(r.id for r in reqs)
+    for r in reqs:
+        (alone,) = run_to_end(
+            enc, dec, [DecodeRequest(r.source, r.max_new_tokens, beam=r.beam, num_return=r.num_return)], spec
+        )
+        assert [h.tokens for h in r.results()] == [h.tokens for h in alone.results()]
+        np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
+    everyone, nobody = split(DecodeBatch.start([DecodeRequest([40, 2], 4)], enc, spec), set())
+    assert nobody is None and len(everyone) == 1
 
 
 def test_a_cancelled_request_leaves_at_the_next_step(real_graphs):

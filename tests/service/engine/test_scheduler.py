@@ -153,7 +153,7 @@ def test_steps_run_back_to_back_on_the_worker_yet_metrics_see_every_step(monkeyp
 
     async def body(sched):
         real = sched._steps
-        sched._steps = lambda lane, batch, streaming: hops.append(1) or real(lane, batch, streaming)
+        sched._steps = lambda lane, batch, *rest: hops.append(1) or real(lane, batch, *rest)
         (ticket,) = sched.submit([DecodeRequest([B, EOS], 40)])  # B -> LONG: 40 tokens, no early end
         return await ticket.future
 
@@ -185,7 +185,7 @@ def test_a_finished_request_is_answered_while_the_batch_decodes_on_and_joiners_w
 
     async def body(sched):
         real = sched._steps
-        sched._steps = lambda lane, batch, streaming: hops.append(1) or real(lane, batch, streaming)
+        sched._steps = lambda lane, batch, *rest: hops.append(1) or real(lane, batch, *rest)
         short, long = sched.submit([DecodeRequest([A, EOS], 10), DecodeRequest([B, EOS], 40)])  # 2 and 40 steps
         await short.future
         answered = len(hops), long.future.done(), len(translator.step_rows)
@@ -408,3 +408,31 @@ def test_interactive_work_joins_first_and_batch_work_waits_no_longer_than_its_li
     )
     assert order == expected and state["waiting_rows"] == 0 and state["running_rows"] == 0
     assert sorted(observer.priorities) == ["batch", "batch", "interactive", "interactive", "interactive"]
+
+
+@pytest.mark.parametrize("batch_max_wait_s, aside", [(10.0, True), (0.0, False)])
+def test_batch_rows_step_aside_while_interactive_work_runs_and_decode_the_same(batch_max_wait_s, aside):
+    """A batch request of two sentences is decoding when an interactive one arrives: its rows are set aside, so
+    that the interactive sentence's steps run its one row alone (never three), then join back and finish
+    with the tokens they get alone. A batch ticket already queued ``batch_max_wait_s`` is never set aside."""
+    translator = ThreadRecordingTranslator()
+
+    async def body(sched):
+        bulk = sched.submit([DecodeRequest([B, EOS], 120), DecodeRequest([B, EOS], 110)], priority="batch")
+        while not translator.rows_seen:
+            await asyncio.sleep(0.001)
+        seen = len(translator.rows_seen)
+        quick = sched.submit([DecodeRequest([A, EOS], 10)])[0]
+        await quick.future
+        during = translator.rows_seen[seen:]
+        still = not any(t.future.done() for t in bulk)
+        await asyncio.gather(*(t.future for t in bulk))
+        return during, still, [t.request for t in bulk], sched.state()
+
+    during, still, bulk, state = run(with_scheduler(body, translator, batch_max_wait_s=batch_max_wait_s))
+    assert still  # the batch requests were running all along
+    assert (3 in during) is not aside and (1 in during) is aside, during
+    for req in bulk:
+        alone = run(with_scheduler(lambda s, r=req: s.submit([DecodeRequest(r.source, r.max_new_tokens)])[0].future))
+        assert req.results()[0].tokens == alone.results()[0].tokens and len(alone.results()[0].tokens) > 20
+    assert state["running_rows"] == 0 and state["waiting_rows"] == 0
