@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 
+from service import __version__
 from service.core.admission import InFlight
 from service.core.keys import load_keys
 from service.core.serving import Draining, running
@@ -41,6 +42,7 @@ from service.logs import configure_logging
 from service.memory import limit_arenas
 from service.metrics import Metrics
 from service.settings import Settings
+from service.tracing import TRACING
 
 log = logging.getLogger("attnserve.app")
 
@@ -54,6 +56,7 @@ def create_app(settings: Settings | None = None) -> App:
     if not logging.getLogger("attnserve").handlers:
         configure_logging(settings.log_level, settings.log_format)
     metrics = Metrics()
+    TRACING.configure(__version__)  # from the OTEL_* variables; off unless they ask
     keys = load_keys(settings)
     in_flight = InFlight(settings.requests_in_flight_bound, settings.retry_after_s)
 
@@ -82,6 +85,7 @@ def create_app(settings: Settings | None = None) -> App:
             finally:
                 if grpc_server is not None:  # calls in flight finish while the engines still run
                     await grpc_serving.stop(grpc_server, settings.drain_timeout_s)
+                TRACING.flush()
 
     return create_http_app(settings, metrics, keys, in_flight, lifespan)
 

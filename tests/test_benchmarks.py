@@ -549,3 +549,22 @@ def test_bench_slow_redis_prints_each_mode_against_the_cache_off():
     assert_sane_figures(proc.stdout, ("round 1: off", "round 1: on"))
     rows = dict(re.findall(r"^(off|on) +.* ([\d.]+)x$", proc.stdout, re.MULTILINE))
     assert set(rows) == {"off", "on"} and rows["off"] == "1.00", proc.stdout
+
+
+def test_bench_tracing_runs_both_services_and_counts_the_spans(both_repository):
+    """Off and on, every load in every round, on ÷ off with its rounds' spread, and the spans the receiver got:
+    the service with traces on really exported them (at the tiny models' thousands of requests a second the
+    SDK's queue drops some, as it is meant to)."""
+    args = ("--repository", str(both_repository), "--rounds", "2", "--duration", "1")
+    proc = run_module("benchmarks.bench_tracing", *args, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(
+        r"^(translate x1|translate x8|classify x32) +([\d.]+) +([\d.]+) +([\d.]+)x \(([\d.]+)-([\d.]+)\)",
+        proc.stdout,
+        re.MULTILINE,
+    )
+    assert [r[0] for r in rows] == ["translate x1", "translate x8", "classify x32"], proc.stdout
+    for _, off, on, ratio, low, high in rows:
+        assert float(off) > 0 and float(on) > 0 and float(low) <= float(ratio) <= float(high)
+    spans = re.search(r"spans received per traced request: ([\d.]+) \((\d+) for (\d+) requests\)", proc.stdout)
+    assert spans and int(spans[2]) > 0 and int(spans[3]) > 0, proc.stdout

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from service.tracing import TRACING
+
 
 class KeyedStore:
     """The attention store as one request sees it: the records it stores belong to its API key."""
@@ -23,7 +25,10 @@ class KeyedStore:
 
     async def put(self, record: Any) -> str:
         record.owner = self.owner
-        return await self.store.put(record)
+        if not TRACING.enabled:
+            return await self.store.put(record)
+        with TRACING.span("attention store", {"attnserve.store": type(self.store).__name__}):
+            return await self.store.put(record)
 
 
 Wait = Callable[[asyncio.Future, Callable[[], None]], Awaitable[Any]]

@@ -44,6 +44,7 @@ from service.engine.supervision import Supervision
 from service.faults import NONE, Faults
 from service.logs import current_request_id
 from service.observers import UNOBSERVED
+from service.tracing import TRACING
 
 log = logging.getLogger("attnserve.batching")
 
@@ -211,6 +212,7 @@ class Pending:
     request_id: str | None = field(default_factory=current_request_id)  # to name it in the worker's logs
     timer: asyncio.TimerHandle | None = None  # answers 504 at the deadline
     priority: str = "interactive"
+    trace: Any = field(default_factory=lambda: TRACING.current() if TRACING.enabled else None)  # its span context
 
     @property
     def size(self) -> int:
@@ -542,11 +544,24 @@ class Batcher:
                     p.future.set_exception(self._admission.failed(p.request_id))
             return
         observer.batch_finished(images, ended - started, ok=True)
+        if any(p.trace is not None for p in batch):
+            with TRACING.guarded():
+                self._trace(batch, images, started, ended)
         offset = 0
         for p in batch:
             if not p.future.done():
                 p.future.set_result(_rows(out, offset, offset + p.size))
             offset += p.size
+
+    def _trace(self, batch: list[Pending], images: int, started: float, ended: float) -> None:
+        """The batch's span, linked to its requests, and each request's ``queue`` and ``classify`` spans, the
+        latter linked to the batch."""
+        attributes = {"attnserve.model": self.name, "attnserve.rows": images, "attnserve.requests": len(batch)}
+        shared = TRACING.shared("classify batch", started, ended, [p.trace for p in batch], attributes)
+        for p in batch:
+            if p.trace is not None:
+                TRACING.child(p.trace, "queue", p.enqueued_at, started, attributes={"attnserve.priority": p.priority})
+                TRACING.child(p.trace, "classify", started, ended, [shared], {"attnserve.images": p.size})
 
 
 def succeeded(future: asyncio.Future) -> bool:

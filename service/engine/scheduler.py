@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from contract.decoding import Batch, DecodeBatch, DecodeRequest, concatenate, split, step
 from service.engine.admission import Admission
@@ -52,6 +52,7 @@ from service.errors import InvalidField, TextTooLong
 from service.faults import NONE, Faults
 from service.logs import current_request_id
 from service.observers import UNOBSERVED
+from service.tracing import TRACING
 from service.translator import Translator
 
 log = logging.getLogger("attnserve.scheduler")
@@ -95,6 +96,9 @@ class Ticket:
     group: int = 0  # the submission it came in: a submission's tickets decode in one lane
     request_id: str | None = field(default_factory=current_request_id)  # to name it in errors and logs
     priority: str = INTERACTIVE
+    trace: Any = None  # its request's span context when traces are on (service/tracing.py)
+    hops: list = field(default_factory=list)  # with traces: the contexts of the hops it was stepped in
+    finished_at: float | None = None
 
     def cancel(self) -> None:
         self.request.cancelled = True
@@ -123,6 +127,8 @@ class Lane:
     aside: set[int] = field(default_factory=set)  # running batch requests set aside while interactive work runs
     aside_rows: int = 0  # their rows (not in ``rows``)
     aside_batch: Batch | None = None  # their rows, as the lane's thread split them off
+    stepped: int = 0  # steps of the hop under way (its thread counts them)
+    traced: list[Ticket] = field(default_factory=list)  # with traces: finished this hop, their spans to record
 
     @property
     def load(self) -> int:
@@ -205,9 +211,16 @@ class Scheduler:
             raise self._admission.overloaded(self.waiting_rows, self.max_waiting_rows, "sequences")
         loop = asyncio.get_running_loop()
         group = next(self._groups)
+        trace = TRACING.current() if TRACING.enabled else None
         tickets = [
             Ticket(
-                r, loop.create_future(), asyncio.Queue() if stream else None, deadline, group=group, priority=priority
+                r,
+                loop.create_future(),
+                asyncio.Queue() if stream else None,
+                deadline,
+                group=group,
+                priority=priority,
+                trace=trace,
             )
             for r in requests
         ]
@@ -499,6 +512,7 @@ class Scheduler:
             now = time.perf_counter()
             steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished), now))
             ran += 1
+            lane.stepped += 1
             if lane.joined:
                 for t in lane.joined:
                     t.first_token_at = now
@@ -528,6 +542,8 @@ class Scheduler:
         host = lane.batch is None or isinstance(lane.batch, DecodeBatch)  # a device batch is never set aside
         yields = host and any(t.priority != INTERACTIVE for i, t in lane.running.items() if i not in lane.aside)
         lane.joined = list(joining)
+        members = [t for i, t in lane.running.items() if i not in lane.aside] if TRACING.enabled else []
+        lane.stepped, hop_started = 0, time.perf_counter()
         try:
             error, finished, batch, steps = await loop.run_in_executor(
                 lane.executor, self._work, lane, [t.request for t in joining], streaming, leaving, back, yields
@@ -565,6 +581,10 @@ class Scheduler:
             lane.rows -= sum(t.request.beam for t in joining)
             self._observer.failed()
         self._settle(lane, finished, steps)
+        if any(t.trace is not None for t in members):
+            with TRACING.guarded():
+                done, lane.traced = lane.traced, []
+                TRACING.hop(self.name, lane.index, lane.stepped, hop_started, members, done)
         if batch is None or not len(batch):
             return None
         now = time.perf_counter()
@@ -589,6 +609,9 @@ class Scheduler:
             if ticket is None:  # failed meanwhile (the scheduler stopped): answered already
                 continue
             lane.rows -= req.beam
+            if ticket.trace is not None:
+                ticket.finished_at = now
+                lane.traced.append(ticket)
             if req.cancelled:
                 self._observer.cancelled()
             else:

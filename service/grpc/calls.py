@@ -36,6 +36,7 @@ from service.core.caller import Caller
 from service.core.serving import Serving
 from service.errors import DeadlineExceeded, ServiceError, log_server_error
 from service.logs import AccessLog, bind_request_id, unbind_request_id
+from service.tracing import TRACING
 
 access = logging.getLogger("attnserve.access")
 log = logging.getLogger("attnserve.grpc")
@@ -153,10 +154,19 @@ def rpc(method: str, open_access: bool = False, queues_work: bool = False) -> Ca
                     if caller.quota is not None:
                         await caller.quota.charge(requests=1)
                     admitted = calls.in_flight.enter()
-                answer = await handler(self, request, context, caller if queues_work else key_id)
+                if TRACING.enabled:
+                    answer, traced = await traced_call(
+                        method,
+                        metadata,
+                        request_id,
+                        key_id,
+                        lambda: handler(self, request, context, caller if queues_work else key_id),
+                    )
+                else:
+                    answer, traced = await handler(self, request, context, caller if queues_work else key_id), ()
                 status = 200
                 quota = caller.quota if caller is not None else None
-                context.set_trailing_metadata((("x-request-id", request_id), *quota_metadata(quota)))
+                context.set_trailing_metadata((("x-request-id", request_id), *quota_metadata(quota), *traced))
                 return answer
             except ServiceError as e:
                 status = e.status
@@ -176,6 +186,16 @@ def rpc(method: str, open_access: bool = False, queues_work: bool = False) -> Ca
         return call
 
     return wrap
+
+
+async def traced_call(method: str, metadata: dict, request_id: str, key_id: str | None, call) -> tuple[Any, tuple]:
+    """``call()`` inside the call's server span (``service/tracing.py``), continuing the ``traceparent`` metadata;
+    returns its answer and the span's ``traceparent`` for the trailing metadata."""
+    attributes = {"rpc.system": "grpc", "rpc.method": method, "attnserve.request_id": request_id}
+    if key_id:
+        attributes["attnserve.key"] = key_id
+    with TRACING.server_span(f"{SERVICE}/{method}", metadata.get("traceparent"), attributes) as span:
+        return await call(), (("traceparent", TRACING.traceparent(span)),)
 
 
 def failed(calls: Calls, error: ServiceError, method: str) -> None:

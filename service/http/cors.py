@@ -29,6 +29,7 @@ EXPOSED_HEADERS = (
     "Retry-After",
     "RateLimit",
     "RateLimit-Policy",
+    "traceparent",
     "Inference-Header-Content-Length",
     "Content-Disposition",
 )

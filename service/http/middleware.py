@@ -16,6 +16,7 @@ from service.errors import BodyTooLarge, InvalidContentLength, RequestTimeout
 from service.http.errors import error_answer, internal_error_response
 from service.logs import REQUEST_ID_HEADER, AccessLog, bind_request_id, unbind_request_id
 from service.metrics import Metrics
+from service.tracing import TRACING
 
 access = logging.getLogger("attnserve.access")
 log = logging.getLogger("attnserve.http")
@@ -47,7 +48,7 @@ class RequestContextMiddleware:
                 incoming = value.decode("latin-1")
                 break
         request_id, token = bind_request_id(incoming)
-        header = (REQUEST_ID_HEADER.encode(), request_id.encode())
+        headers = [(REQUEST_ID_HEADER.encode(), request_id.encode())]
         status = 500
         response_started = False
 
@@ -56,11 +57,14 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 response_started = True
-                message["headers"] = [*message.get("headers", []), header]
+                message["headers"] = [*message.get("headers", []), *headers]
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            if TRACING.enabled and scope["path"] not in _QUIET_PATHS:  # probes and scrapes make no traces
+                await self._traced(scope, receive, send_with_id, headers, request_id, lambda: status)
+            else:
+                await self.app(scope, receive, send_with_id)
         except Exception:
             log.exception("unhandled exception in %s %s", scope["method"], scope["path"])
             status = 500
@@ -85,6 +89,27 @@ class RequestContextMiddleware:
                     scope.get("key_id"),
                 )
             unbind_request_id(token)
+
+    async def _traced(self, scope: Scope, receive: Receive, send: Send, headers: list, request_id: str, status) -> None:
+        """The request inside its server span (``service/tracing.py``), whose ``traceparent`` is sent back."""
+        traceparent = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"traceparent"), None)
+        attributes = {
+            "http.request.method": scope["method"],
+            "url.path": scope["path"],
+            "attnserve.request_id": request_id,
+        }
+        with TRACING.server_span(f"{scope['method']} {scope['path']}", traceparent, attributes) as span:
+            headers.append((b"traceparent", TRACING.traceparent(span).encode()))
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                route = getattr(scope.get("route"), "path", None)
+                if route:
+                    span.update_name(f"{scope['method']} {route}")
+                    span.set_attribute("http.route", route)
+                span.set_attribute("http.response.status_code", status())
+                if scope.get("key_id"):
+                    span.set_attribute("attnserve.key", scope["key_id"])
 
 
 class BodyLimitMiddleware:
