@@ -23,6 +23,7 @@ from attnserve_client import (
     NotFoundError,
     OverloadedError,
     PayloadTooLargeError,
+    QuotaExceededError,
     RequestTimeoutError,
     ServiceUnavailableError,
     UnsupportedMediaTypeError,
@@ -48,6 +49,7 @@ BY_STATUS = {
 }
 BY_CODE = {
     "overloaded": OverloadedError,
+    "quota_exceeded": QuotaExceededError,
     "deadline_exceeded": DeadlineExceededError,
 }  # where the code is more precise than the status
 

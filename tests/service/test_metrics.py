@@ -55,6 +55,8 @@ EXPORTED = {
     "attnserve_grpc_calls": ("counter", {"method", "code"}),
     "attnserve_grpc_call_duration_seconds": ("histogram", {"method"}),
     "attnserve_deadline_exceeded_requests": ("counter", {"route"}),
+    "attnserve_quota_refusals": ("counter", {"measure"}),
+    "attnserve_quota_store_errors": ("counter", set()),
     "attnserve_queue_wait_seconds": ("histogram", {"model", "version"}),
     "attnserve_priority_queue_wait_seconds": ("histogram", {"model", "version", "priority"}),
     "attnserve_compute_seconds": ("histogram", {"model", "version"}),
@@ -95,6 +97,8 @@ def touch_everything(m: Metrics) -> None:
     m.observe_request("/classify", "POST", 200, 0.001)
     m.observe_call("ModelInfer", "OK", 200, 0.001)
     m.deadline_exceeded("/classify")
+    m.quota_refused(["requests"])
+    m.quota_store_errors.inc()
     batcher = m.for_model("vit", "1")
     batcher.batch_started(1, [0.001])
     batcher.batch_finished(1, 0.001, ok=True)
