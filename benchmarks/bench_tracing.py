@@ -16,6 +16,7 @@ before them is ``bench_versions``' question (``--base`` a revision without them)
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import statistics
@@ -55,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             "application/json",
             "/translate",
         ),
-        "classify": write_script(work, "classify", [image], "image/png", "/classify"),
+        "classify": write_script(
+            work, "classify", [json.dumps({"images": [base64.b64encode(image).decode()]}).encode()], "application/json"
+        ),
     }
     figures: dict[tuple[str, int, str], list[dict]] = {}
     try:
@@ -66,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             for route, clients in LOADS:
                 for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
                     out = run_wrk(services[name], scripts[route], clients, args.duration, min(clients, 2), f"/{route}")
+                    if out["non_2xx"] or out["errors"]:
+                        raise SystemExit(
+                            f"{name}: {out['non_2xx']} answers not 2xx, {out['errors']} errors on /{route}"
+                        )
                     figures.setdefault((route, clients, name), []).append(out)
                     print(
                         f"  round {r + 1}: {route} x{clients:<2d} {name:3s} "
