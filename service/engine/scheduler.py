@@ -422,7 +422,8 @@ class Scheduler:
         if lane.aside:
             running = [t for i, t in lane.running.items() if i not in lane.aside]
             interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running)
-            overdue = any(now - lane.running[i].enqueued_at >= self.batch_max_wait_s for i in lane.aside)
+            aside = [lane.running[i] for i in lane.aside if i in lane.running]
+            overdue = any(now - t.enqueued_at >= self.batch_max_wait_s for t in aside)
             if (overdue or not interactive) and lane.rows + lane.aside_rows <= self.max_running_rows:
                 lane.rows += lane.aside_rows
                 lane.aside, lane.aside_rows = set(), 0
