@@ -52,6 +52,7 @@ class Tracing:
     def __init__(self) -> None:
         self.enabled = False
         self._tracer: Any = None
+        self._propagator: Any = None
         self._provider: Any = None
         self._offset_ns = time.time_ns() - time.perf_counter_ns()  # perf_counter() seconds -> epoch ns
         self._next_warning = 0.0
@@ -60,7 +61,6 @@ class Tracing:
         """Start exporting if the environment asks (once per process; later calls change nothing)."""
         if self.enabled or not wanted(env):
             return
-        from opentelemetry import trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -79,10 +79,13 @@ class Tracing:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         if "console" in exporters:
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
         self._provider, self._tracer = provider, provider.get_tracer("attnserve", version)
+        self._propagator = TraceContextTextMapPropagator()
         self.enabled = True
         log.info("traces on: OTLP over %s", "gRPC" if protocol.strip() == "grpc" else "HTTP")
-        del trace  # the API's global provider is left alone: these spans are the service's own
+        # the API's global provider is left alone: these spans are the service's own
 
     def flush(self) -> None:
         """Export what is buffered (as the service stops)."""
@@ -94,9 +97,8 @@ class Tracing:
     def server_span(self, name: str, traceparent: str | None, attributes: dict[str, Any]) -> Iterator[Any]:
         """A request's span, continuing ``traceparent`` when it is a valid one; current inside the block."""
         from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        parent = TraceContextTextMapPropagator().extract({TRACEPARENT: traceparent}) if traceparent else None
+        parent = self._propagator.extract({TRACEPARENT: traceparent}) if traceparent else None
         with self._tracer.start_as_current_span(
             name, context=parent, kind=trace.SpanKind.SERVER, attributes=attributes, end_on_exit=True
         ) as span:

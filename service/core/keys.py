@@ -79,10 +79,10 @@ class Keys:
         self._hashes = [bytes.fromhex(h) for h in hashes]
         self.terms = {h[:FINGERPRINT_CHARS]: t for h, t in (terms or {}).items()}  # by fingerprint
 
-    def priority(self, key_id: str | None, asked: str) -> str:
-        """The priority a request of key ``key_id`` queues with: ``batch`` if its terms say so, else what it asked."""
+    def batch_only(self, key_id: str | None) -> bool:
+        """Whether key ``key_id``'s terms queue its requests as batch work whatever they ask."""
         terms = self.terms.get(key_id) if key_id is not None else None
-        return terms.priority if terms is not None and terms.priority == "batch" else asked
+        return terms is not None and terms.priority == "batch"
 
     def check(self, authorization: str | None) -> str:
         """The fingerprint of the presented key, or 401 ``unauthorized`` (with ``WWW-Authenticate``)."""

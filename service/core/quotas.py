@@ -20,6 +20,7 @@ Every answer of a metered route carries the IETF ``RateLimit-Policy`` and ``Rate
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import math
@@ -247,6 +248,7 @@ class Quotas:
     ) -> None:
         self.counter, self.default, self.anonymous = counter, default, anonymous
         self.exempt = [ipaddress.ip_network(n, strict=False) for n in exempt]
+        self._exempt = functools.lru_cache(maxsize=4096)(self._is_exempt)  # per request: parse an address once
         self.terms = terms or {}  # by key fingerprint
         self._clock, self._refused = clock, refused
 
@@ -280,7 +282,7 @@ class Quotas:
             return None
         return Quota(self.counter, f"address:{address}", self.anonymous, self._clock, self._refused)
 
-    def _exempt(self, address: str) -> bool:
+    def _is_exempt(self, address: str) -> bool:
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:  # a Unix socket's peer, a test client's name

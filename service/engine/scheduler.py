@@ -369,7 +369,11 @@ class Scheduler:
                 continue
             if not self._room_for(lane, head.request):
                 break
-            if lane.aside and head.priority != INTERACTIVE and now_pc() - head.enqueued_at < self.batch_max_wait_s:
+            if (
+                lane.aside
+                and head.priority != INTERACTIVE
+                and time.perf_counter() - head.enqueued_at < self.batch_max_wait_s
+            ):
                 break  # batch work waits while the lane's own is set aside
             self._dequeue(lane, head)
             lane.rows += head.request.beam
@@ -418,7 +422,7 @@ class Scheduler:
         """On the event loop, before a hop: (the ids of the batch requests it sets aside, whether it joins back
         those set aside). Aside while the lane has interactive work running or waiting; back once it has none,
         or once the oldest set aside has been queued ``batch_max_wait_s``, when their rows fit again."""
-        now = now_pc()
+        now = time.perf_counter()
         if lane.aside:
             running = [t for i, t in lane.running.items() if i not in lane.aside]
             interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running)
@@ -670,10 +674,6 @@ class Scheduler:
                 t.future.set_exception(error)
                 if t.events is not None:
                     t.future.exception()  # a stream reads the error from its events; nobody awaits this future
-
-
-def now_pc() -> float:
-    return time.perf_counter()
 
 
 def _clear_aside(lane: Lane) -> None:

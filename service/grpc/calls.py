@@ -91,8 +91,7 @@ class Calls:
         cancellation watched."""
         quotas = self.serving.quotas
         quota = quotas.for_caller(key_id, peer_address(context.peer())) if quotas is not None else None
-        batch_only = self.keys is not None and self.keys.priority(key_id, "interactive") == "batch"
-        return Caller(key_id, wait, quota, batch_only)
+        return Caller(key_id, wait, quota, self.keys is not None and self.keys.batch_only(key_id))
 
     def observe(self, method: str, status: int, started: float, context: Any, request_id: str, key_id: str | None):
         elapsed = time.perf_counter() - started

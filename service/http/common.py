@@ -50,12 +50,12 @@ def attention_store(request: Request, store: Any) -> KeyedStore:
 
 def http_caller(request: Request) -> Caller:
     """An HTTP request as a ``Caller``: its key and quota from the router, a disconnect watched on ``receive``."""
-    key_id, keys = request.scope.get("key_id"), request.scope["app"].state.serving.keys
+    key_id = request.scope.get("key_id")  # set only when keys are on
     return Caller(
         key_id,
         lambda answer, abandon: answer_or_disconnect(answer, request.receive, abandon),
         request.scope.get("quota"),
-        keys is not None and keys.priority(key_id, "interactive") == "batch",
+        key_id is not None and request.scope["app"].state.serving.keys.batch_only(key_id),
     )
 
 

@@ -132,7 +132,7 @@ def test_the_key_file_gives_each_key_its_terms(tmp_path):
     assert terms[a] == KeyTerms(parse_policy("requests=60/min,characters=5000/min"), "batch")
     assert terms[b] == KeyTerms() and terms[c] == KeyTerms(quota=())
     keys = Keys(tuple(terms), terms)
-    assert keys.priority(a[:12], "interactive") == "batch" and keys.priority(b[:12], "interactive") == "interactive"
+    assert keys.batch_only(a[:12]) and not keys.batch_only(b[:12]) and not keys.batch_only(None)
     for bad, said in [(f"{a} priority=urgent", "line 1: 'priority=urgent'"), (f"{a} quota=rps=1/s", "measure 'rps'")]:
         path.write_text(bad + "\n")
         with pytest.raises(ValueError, match=re.escape(said)):
