@@ -344,8 +344,11 @@ class DecodeBatch:
 
 def split(batch: DecodeBatch, leaving: set[int]) -> tuple[DecodeBatch | None, DecodeBatch | None]:
     """(the batch of the requests whose ids are not in ``leaving``, the batch of those that are): the second in
-    buffers of its own, to be joined back later with :func:`concatenate` (a row decodes the same whatever
-    rows beside it and wherever its cache columns lie). ``batch`` is spent; either side may be None (no rows)."""
+    buffers of its own (the batch itself when every row leaves), to be joined back later with :func:`concatenate` (a
+    row decodes the same whatever rows beside it and wherever its cache columns lie). ``batch`` is spent; either side
+    may be None (no rows)."""
+    if all(r.id in leaving for r in batch.requests):
+        return None, batch  # every row leaves: the batch itself, nothing copied
     starts = np.cumsum([0] + [r.beam for r in batch.requests])
     stay, go = [], []
     for i, r in enumerate(batch.requests):

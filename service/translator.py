@@ -139,24 +139,16 @@ class Translator:
         max_new_tokens: int | None,
         protect: bool = True,
         html: bool = False,
+        checked: bool = False,
     ) -> list[Job]:
         """Check every option against the limits, split every text into sentences and mask its protected spans
         (``protect``), tokenise and check each sentence, once, before the queue: one job per text (``html``: an HTML
-        document), with a decoding request per sentence, its generation limit resolved."""
-        if beam_size > limits.max_beam_size:
-            raise InvalidField(f"beam_size: must be at most {limits.max_beam_size}")
-        if num_return_sequences > beam_size:
-            raise InvalidField(f"num_return_sequences ({num_return_sequences}) cannot exceed beam_size ({beam_size})")
-        most = min(limits.max_new_tokens, self.spec.max_positions)
-        if max_new_tokens is not None and max_new_tokens > most:
-            raise InvalidField(f"max_new_tokens {max_new_tokens} exceeds the limit of {most}")
+        document), with a decoding request per sentence, its generation limit resolved (``checked``: ``check`` has
+        passed already)."""
+        if not checked:
+            self.check(texts, limits, beam_size, num_return_sequences, max_new_tokens, html)
         jobs = []
         for i, text in enumerate(texts):
-            most_chars = limits.max_html_chars if html else limits.max_chars
-            if len(text) > most_chars:
-                raise TextTooLong(f"texts[{i}] has {len(text)} characters; the limit is {most_chars}")
-            if not normalize_text(text):
-                raise InvalidField(f"texts[{i}] is empty or only whitespace")
             try:
                 vocabulary = self.sentinels if protect and self.sentinels else None
                 plan = plan_text(text, self.tokenizer, vocabulary, html=html)
@@ -169,6 +161,24 @@ class Translator:
                 )
             jobs.append(job)
         return jobs
+
+    def check(
+        self, texts: list[str], limits: Limits, beam_size: int, num_return: int, max_new_tokens: int | None, html: bool
+    ) -> None:
+        """What ``jobs`` checks before tokenising: the options against the limits, each text's length and words."""
+        if beam_size > limits.max_beam_size:
+            raise InvalidField(f"beam_size: must be at most {limits.max_beam_size}")
+        if num_return > beam_size:
+            raise InvalidField(f"num_return_sequences ({num_return}) cannot exceed beam_size ({beam_size})")
+        most = min(limits.max_new_tokens, self.spec.max_positions)
+        if max_new_tokens is not None and max_new_tokens > most:
+            raise InvalidField(f"max_new_tokens {max_new_tokens} exceeds the limit of {most}")
+        most_chars = limits.max_html_chars if html else limits.max_chars
+        for i, text in enumerate(texts):
+            if len(text) > most_chars:
+                raise TextTooLong(f"texts[{i}] has {len(text)} characters; the limit is {most_chars}")
+            if not normalize_text(text):
+                raise InvalidField(f"texts[{i}] is empty or only whitespace")
 
     def _request(
         self, i: int, sentence: Sentence, limits: Limits, beam: int, length_penalty: float, num_return: int, asked

@@ -39,17 +39,34 @@ from service.translator import Job, Limits, Translator
 log = logging.getLogger("attnserve.translate")
 
 
-def decode_jobs(
+def decode_plan(
     served: ServedModel, settings: Settings, body: TranslateRequest
-) -> tuple[Translator, Scheduler, list[Job], TranslationOptions]:
-    """The model's translator and scheduler, one job per text (a decoding request per sentence), every
-    option checked, and the options as resolved (the response cache's key)."""
+) -> tuple[Translator, Scheduler, TranslationOptions, Limits]:
+    """The model's translator and scheduler, the options as resolved (the response cache's key) and the limits, every
+    option and text length checked: what can be refused before a text is tokenised."""
     translator, scheduler = served.translator, served.scheduler
     if translator is None or scheduler is None:  # READY translation models always have both
         raise RuntimeError(f"model {served.key} is ready without a scheduler")
     if body.return_attention and not translator.has_attention:
         raise InvalidField(f"model {translator.name} ships no decoder_prefix graph; omit return_attention")
     options = resolved_options(translator, settings, body)
+    limits = Limits(
+        settings.max_text_chars,
+        settings.max_source_tokens,
+        settings.max_new_tokens,
+        settings.max_beam_size,
+        settings.max_html_chars,
+    )
+    html = body.format == "html"
+    translator.check(body.all_texts, limits, options.beam_size, options.num_return_sequences, body.max_new_tokens, html)
+    return translator, scheduler, options, limits
+
+
+def decode_jobs(
+    served: ServedModel, settings: Settings, body: TranslateRequest, plan: tuple | None = None
+) -> tuple[Translator, Scheduler, list[Job], TranslationOptions]:
+    """``decode_plan`` (unless given), then one job per text (a decoding request per sentence, tokenised)."""
+    translator, scheduler, options, limits = plan or decode_plan(served, settings, body)
     jobs = translator.jobs(
         body.all_texts,
         protect=body.protect_placeholders,
@@ -58,13 +75,8 @@ def decode_jobs(
         length_penalty=options.length_penalty,
         num_return_sequences=options.num_return_sequences,
         max_new_tokens=options.max_new_tokens,
-        limits=Limits(
-            settings.max_text_chars,
-            settings.max_source_tokens,
-            settings.max_new_tokens,
-            settings.max_beam_size,
-            settings.max_html_chars,
-        ),
+        limits=limits,
+        checked=True,
     )
     return translator, scheduler, jobs, options
 
@@ -96,8 +108,11 @@ async def translate_texts(
     """Decode every text of ``body`` on ``served``'s scheduler by ``deadline``: the answer of a non-streamed
     request. With the response cache on, the texts it holds are answered from it and only the others
     decoded (``report`` says how many came from it)."""
-    translator, scheduler, jobs, options = decode_jobs(served, serving.settings, body)
-    await caller.charge(characters=characters(body))  # a hit costs what a miss does: the quota is the caller's
+    plan = decode_plan(served, serving.settings, body)  # an invalid request is refused before it is charged
+    # charged before its texts are tokenised (a request over its quota costs the event loop next to nothing); a
+    # hit costs what a miss does: the quota is the caller's
+    await caller.charge(characters=characters(body))
+    translator, scheduler, jobs, options = decode_jobs(served, serving.settings, body, plan)
     cache = serving.responses
     if cache is None or body.return_attention:  # attention ids are the caller's: never from the cache
         if report is not None and cache is not None:
@@ -141,8 +156,9 @@ async def stream_text(
 ) -> tuple[Translator, Job, list[Ticket]]:
     """The one text of a streamed request queued for greedy decoding: its translator, job and tickets, whose
     events carry each token as it is decoded."""
-    translator, scheduler, (job,), _ = decode_jobs(served, serving.settings, body)
+    plan = decode_plan(served, serving.settings, body)
     await caller.charge(characters=characters(body))
+    translator, scheduler, (job,), _ = decode_jobs(served, serving.settings, body, plan)
     tickets = scheduler.submit(job.requests, stream=True, deadline=deadline, priority=caller.priority(body.priority))
     return translator, job, tickets
 

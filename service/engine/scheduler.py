@@ -23,12 +23,16 @@ when they have rows free.
 
 A submission is ``interactive`` (the default) or ``batch``: a lane admits its interactive tickets first, in
 arrival order, then its batch ones; a batch ticket that has waited ``batch_max_wait_s`` is admitted before
-any interactive one, so bulk work is delayed, never starved. When interactive tickets wait for a lane whose
-batch holds batch rows, those rows are set aside (their caches copied out, :func:`~contract.decoding.split`)
-for as long as the lane has interactive work, so that an interactive sentence steps with no bulk rows beside
-it; they join back (:func:`~contract.decoding.concatenate`) once it has none, or once the oldest of them has
-been queued ``batch_max_wait_s`` (a ticket that old is never set aside again). A row decodes the same set
-aside or not. Only host batches are set aside (a device batch's rows live in OrtValues).
+any interactive one, so bulk work is delayed, never starved. Interactive submissions go to the lane with the
+fewest batch rows running, batch ones to a lane without interactive work; batch tickets join no batch that
+holds interactive work, nor within ``INTERACTIVE_HOLD_S`` of it (a lane with rows free takes batch work held
+back so), and join ``BATCH_JOIN_TOKENS`` source tokens a hop. When interactive tickets wait for a lane whose
+batch holds batch rows, those rows are set aside (:func:`~contract.decoding.split`: the batch itself when
+every row leaves, else their caches copied out) for as long as the lane has interactive work, so that an
+interactive sentence steps with no bulk rows beside it; they join back (:func:`~contract.decoding.concatenate`)
+once it has had none for ``INTERACTIVE_HOLD_S``, or once the oldest of them has been queued ``batch_max_wait_s``
+(a ticket that old is never set aside again). A row decodes the same set aside or not. Only host batches are
+set aside (a device batch's rows live in OrtValues).
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ MAX_HOP_SECONDS = 0.02
 # Steps a running batch takes before waiting requests join it: joiners encoded together, and fewer hand-backs
 # to the event loop (greedy at 32 clients: 1.16x requests per second against joining at every step).
 JOIN_EVERY = 4
+# Source tokens of batch work one hop encodes: an interactive arrival waits for the encoder run in progress,
+# and 50 bulk sentences joining at once took 50-77 ms of it (bench_priorities: B's p99 beside a bulk client).
+BATCH_JOIN_TOKENS = 160
+# A lane keeps batch work away this long after its last interactive step: an interactive client's next request
+# comes a round trip later, and batch work joined in between (encoded, stepped, set aside again) made it wait.
+INTERACTIVE_HOLD_S = 0.05
 INTERACTIVE = "interactive"  # a submission's priority unless it says "batch"
 
 
@@ -128,6 +138,7 @@ class Lane:
     aside_rows: int = 0  # their rows (not in ``rows``)
     aside_batch: Batch | None = None  # their rows, as the lane's thread split them off
     stepped: int = 0  # steps of the hop under way (its thread counts them)
+    interactive_at: float = -1e9  # perf_counter() when a hop last stepped interactive work
     traced: list[Ticket] = field(default_factory=list)  # with traces: finished this hop, their spans to record
 
     @property
@@ -230,7 +241,10 @@ class Scheduler:
         for t in tickets:
             t.future.add_done_callback(self._answered_after(t))
         up = [lane for lane in self.lanes if not lane.down] or self.lanes
-        lane = min(up, key=lambda lane: lane.load)  # the first of the least loaded
+        if priority == INTERACTIVE:  # the least loaded of the lanes with the fewest batch rows to set aside
+            lane = min(up, key=lambda lane: (_batch_rows(lane), lane.load))
+        else:  # the least loaded of the lanes without interactive work (where it would wait)
+            lane = min(up, key=lambda lane: (_has_interactive(lane), lane.load + lane.aside_rows))
         self._enqueue(lane, tickets)
         self._observer.occupancy(self.running_rows, self.waiting_rows)
         lane.wakeup.set()
@@ -312,8 +326,10 @@ class Scheduler:
             if any(t.group == group for t in other.running.values()):
                 continue  # begun there: its other sentences join the same batch
             rows = _head_rows(other.waiting)
-            stuck = other.down or (
-                other.batch is not None and (free is None or other.rows + rows > self.max_running_rows)
+            stuck = (
+                other.down
+                or (other.batch is not None and (free is None or other.rows + rows > self.max_running_rows))
+                or (other.waiting[0].priority != INTERACTIVE and _has_interactive(other))  # batch work held back
             )
             if stuck and (free is None or rows <= free):
                 candidates.append(other)
@@ -356,7 +372,8 @@ class Scheduler:
         """The lane's waiting tickets that fit its rows free now, interactive ones first (``_next``); cancelled ones
         are dropped, and so are those past their deadline whose timer the event loop has not fired yet."""
         joining: list[Ticket] = []
-        now = time.monotonic()
+        now, batch_tokens = time.monotonic(), 0
+        interactive_running = _has_interactive(lane, waiting=False)
         while lane.waiting:
             head = self._next(lane)
             if head.past_deadline(now):
@@ -370,11 +387,15 @@ class Scheduler:
             if not self._room_for(lane, head.request):
                 break
             if (
-                lane.aside
-                and head.priority != INTERACTIVE
+                head.priority != INTERACTIVE
+                and (lane.aside or interactive_running)
                 and time.perf_counter() - head.enqueued_at < self.batch_max_wait_s
             ):
-                break  # batch work waits while the lane's own is set aside
+                break  # batch work waits while interactive work runs (the lane's own batch work set aside)
+            if head.priority != INTERACTIVE:
+                batch_tokens += len(head.request.source)
+                if batch_tokens > BATCH_JOIN_TOKENS and joining:
+                    break  # the rest joins at the next hop, a few steps on
             self._dequeue(lane, head)
             lane.rows += head.request.beam
             lane.running[head.request.id] = head  # the lane's from now on: answered if it fails
@@ -425,7 +446,7 @@ class Scheduler:
         now = time.perf_counter()
         if lane.aside:
             running = [t for i, t in lane.running.items() if i not in lane.aside]
-            interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running)
+            interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running) or _held(lane)
             aside = [lane.running[i] for i in lane.aside if i in lane.running]
             overdue = any(now - t.enqueued_at >= self.batch_max_wait_s for t in aside)
             if (overdue or not interactive) and lane.rows + lane.aside_rows <= self.max_running_rows:
@@ -458,12 +479,23 @@ class Scheduler:
             joining = self._admit(lane)
             self._faults.hit("lane")
             if lane.batch is None and not joining and not back:
+                await self._doze(lane)  # batch work held back for a moment: until it may go, or work arrives
                 continue
+            interactive = _has_interactive(lane, waiting=False)
             lane.batch = await self._hop(loop, lane, joining, leaving, back)
+            if interactive:
+                lane.interactive_at = time.perf_counter()
             self._observer.occupancy(self.running_rows, self.waiting_rows)
             if lane.batch is None:
                 for other in self.lanes:  # this lane ran dry: one that sleeps may steal what waits
                     other.wakeup.set()
+
+    @staticmethod
+    async def _doze(lane: Lane) -> None:
+        lane.wakeup.clear()
+        left = lane.interactive_at + INTERACTIVE_HOLD_S - time.perf_counter()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(lane.wakeup.wait(), timeout=max(0.001, left))
 
     def _work(
         self,
@@ -679,6 +711,25 @@ class Scheduler:
 def _clear_aside(lane: Lane) -> None:
     """Forget what the lane set aside: its requests were answered with the others (a failure, a stop)."""
     lane.aside, lane.aside_rows, lane.aside_batch = set(), 0, None
+
+
+def _has_interactive(lane: Lane, waiting: bool = True) -> bool:
+    """Whether interactive work runs in the lane, ran in it within ``INTERACTIVE_HOLD_S`` or (with ``waiting``) waits
+    for it."""
+    return (
+        (waiting and lane.interactive > 0)
+        or any(t.priority == INTERACTIVE for t in lane.running.values())
+        or _held(lane)
+    )
+
+
+def _held(lane: Lane) -> bool:
+    return time.perf_counter() - lane.interactive_at < INTERACTIVE_HOLD_S
+
+
+def _batch_rows(lane: Lane) -> int:
+    """Rows of batch work decoding in the lane's batch (not set aside): what interactive work there would set aside."""
+    return sum(t.request.beam for i, t in lane.running.items() if t.priority != INTERACTIVE and i not in lane.aside)
 
 
 def _ids(tickets: list[Ticket]) -> str:

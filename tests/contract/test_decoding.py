@@ -263,6 +263,9 @@ def test_requests_set_aside_and_joined_back_get_what_they_get_alone(host_graphs)
         np.testing.assert_allclose([h.score for h in r.results()], [h.score for h in alone.results()], atol=1e-4)
     everyone, nobody = split(DecodeBatch.start([DecodeRequest([40, 2], 4)], enc, spec), set())
     assert nobody is None and len(everyone) == 1
+    whole = DecodeBatch.start([DecodeRequest([40, 2], 4), DecodeRequest([41, 2], 4)], enc, spec)
+    left, gone = split(whole, {r.id for r in whole.requests})
+    assert left is None and gone is whole  # every row leaves: nothing copied
 
 
 def test_a_cancelled_request_leaves_at_the_next_step(real_graphs):

@@ -436,3 +436,101 @@ def test_batch_rows_step_aside_while_interactive_work_runs_and_decode_the_same(b
         alone = run(with_scheduler(lambda s, r=req: s.submit([DecodeRequest(r.source, r.max_new_tokens)])[0].future))
         assert req.results()[0].tokens == alone.results()[0].tokens and len(alone.results()[0].tokens) > 20
     assert state["running_rows"] == 0 and state["waiting_rows"] == 0
+
+
+class EncoderRecordingTranslator(ThreadRecordingTranslator):
+    """Also remembers how many sentences each encoder run took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: list[int] = []
+
+    def encoder(self, feeds):
+        self.encoded.append(len(feeds["src_ids"]))
+        return super().encoder(feeds)
+
+
+@pytest.mark.parametrize("batch_max_wait_s, joins", [(10.0, False), (0.0, True)])
+def test_batch_work_waits_while_interactive_work_runs_unless_it_waited_its_limit(batch_max_wait_s, joins):
+    """An interactive request is decoding when batch work arrives: the batch work does not join its steps (an
+    interactive sentence steps alone) until it is done; batch work queued its limit joins at once."""
+    translator = ThreadRecordingTranslator()
+
+    async def body(sched):
+        quick = sched.submit([DecodeRequest([B, EOS], 60)])[0]
+        while not translator.rows_seen:
+            await asyncio.sleep(0.001)
+        bulk = sched.submit([DecodeRequest([A, EOS], 10)], priority="batch")[0]
+        await quick.future
+        during = list(translator.rows_seen)
+        await bulk.future
+        return during
+
+    during = run(with_scheduler(body, translator, batch_max_wait_s=batch_max_wait_s))
+    assert (max(during) == 2) is joins, during
+
+
+def test_a_hop_encodes_a_bounded_share_of_batch_work_and_interactive_work_whole(monkeypatch):
+    """Batch sentences join a few source tokens at a time (an interactive arrival waits for no long encoder run);
+    interactive sentences join together, whatever their length."""
+    monkeypatch.setattr("service.engine.scheduler.BATCH_JOIN_TOKENS", 4)  # two sources of two tokens
+    translator = EncoderRecordingTranslator()
+
+    async def body(sched):
+        bulk = sched.submit([DecodeRequest([A, EOS], 5) for _ in range(6)], priority="batch")
+        await asyncio.gather(*(t.future for t in bulk))
+        batch_runs = list(translator.encoded)
+        quick = sched.submit([DecodeRequest([A, EOS], 5) for _ in range(6)])
+        await asyncio.gather(*(t.future for t in quick))
+        return batch_runs, translator.encoded[len(batch_runs) :]
+
+    batch_runs, interactive_runs = run(with_scheduler(body, translator))
+    assert max(batch_runs) == 2 and sum(batch_runs) == 6 and interactive_runs == [6]
+
+
+def test_interactive_and_batch_work_go_to_lanes_apart_and_held_batch_work_is_taken_by_a_lane_with_room():
+    """Two lanes: batch work goes to the lane without interactive work, interactive work to the lane with no batch
+    rows to set aside; batch work queued behind interactive work (all lanes were busy with it) is taken by a lane
+    that has rows free."""
+    translator = ThreadRecordingTranslator()
+
+    async def body(sched):
+        first = sched.submit([DecodeRequest([B, EOS], 80)])[0]
+        while not translator.rows_seen:
+            await asyncio.sleep(0.001)
+        lane_of = {i: lane for lane in sched.lanes for i in lane.running}
+        interactive_lane = lane_of[first.request.id]
+        bulk = sched.submit([DecodeRequest([B, EOS], 60)], priority="batch")[0]
+        await asyncio.sleep(0.02)
+        bulk_lane = next(lane for lane in sched.lanes if bulk.request.id in lane.running)
+        second = sched.submit([DecodeRequest([A, EOS], 10)])[0]
+        second_lane = next(lane for lane in sched.lanes if second in lane.waiting or second.request.id in lane.running)
+        # batch work queued on the interactive lane, as when every lane holds interactive work: the other lane takes it
+        held = sched.submit([DecodeRequest([A, EOS], 10)], priority="batch")[0]
+        for lane in sched.lanes:
+            if held in lane.waiting and lane is not interactive_lane:
+                sched._dequeue(lane, held)
+                sched._enqueue(interactive_lane, [held])
+        await held.future
+        taken_before_first_ended = not first.future.done()  # the interactive lane would admit it only after
+        await asyncio.gather(first.future, bulk.future, second.future)
+        return interactive_lane, bulk_lane, second_lane, taken_before_first_ended
+
+    interactive_lane, bulk_lane, second_lane, taken = run(with_scheduler(body, translator, lanes=2, max_running_rows=4))
+    assert bulk_lane is not interactive_lane and second_lane is interactive_lane and taken
+
+
+@pytest.mark.parametrize("hold_s", [0.0, 0.4])
+def test_a_lane_keeps_batch_work_away_for_a_moment_after_interactive_work(monkeypatch, hold_s):
+    """Batch work that arrives just after an interactive request finished starts once the lane has had no
+    interactive work for ``INTERACTIVE_HOLD_S`` (an interactive client's next request is a round trip away)."""
+    monkeypatch.setattr("service.engine.scheduler.INTERACTIVE_HOLD_S", hold_s)
+
+    async def body(sched):
+        await sched.submit([DecodeRequest([A, EOS], 10)])[0].future
+        started = time.perf_counter()
+        await sched.submit([DecodeRequest([A, EOS], 10)], priority="batch")[0].future
+        return time.perf_counter() - started
+
+    took = run(with_scheduler(body, ThreadRecordingTranslator()))
+    assert (took >= 0.4) is (hold_s > 0), took
