@@ -568,3 +568,23 @@ def test_bench_tracing_runs_both_services_and_counts_the_spans(both_repository):
         assert float(off) > 0 and float(on) > 0 and float(low) <= float(ratio) <= float(high)
     spans = re.search(r"spans received per traced request: ([\d.]+) \((\d+) for (\d+) requests\)", proc.stdout)
     assert spans and int(spans[2]) > 0 and int(spans[3]) > 0, proc.stdout
+
+
+@pytest.mark.parametrize("task, transport", [("translate", "grpc"), ("classify", "http")])
+def test_bench_priorities_prints_b_beside_each_kind_of_bulk_client(both_repository, task, transport):
+    """B alone and beside A in every mode, with A's rate: on its quota A got 429s and nothing else, so the quota
+    and its Retry-After really held it (the tiny models answer thousands a second: a small quota)."""
+    quota = "characters=2000/s" if task == "translate" else "images=40/s"
+    args = ("--repository", str(both_repository), "--task", task, "--transport", transport, "--quota", quota)
+    proc = run_module("benchmarks.bench_priorities", *args, "--rounds", "1", "--seconds", "2", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = re.findall(
+        r"^(alone|bulk as batch|bulk as interactive|bulk on its quota) +([\d.]+) ms +([\d.]+) ms +([\d.]+)x +([\d.]+)x"
+        r" +([\d.]+) (\d+) \(other errors: (\d+)\)$",
+        proc.stdout,
+        re.MULTILINE,
+    )
+    figures = {r[0]: r[1:] for r in rows}
+    assert list(figures) == ["alone", "bulk as batch", "bulk as interactive", "bulk on its quota"], proc.stdout
+    assert figures["alone"][2:4] == ("1.00", "1.00") and float(figures["bulk as batch"][4]) > 0
+    assert int(figures["bulk on its quota"][5]) > 0 and all(f[6] == "0" for f in figures.values())
