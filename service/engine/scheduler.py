@@ -481,7 +481,7 @@ class Scheduler:
             if lane.batch is None and not joining and not back:
                 await self._doze(lane)  # batch work held back for a moment: until it may go, or work arrives
                 continue
-            interactive = _has_interactive(lane, waiting=False)
+            interactive = any(t.priority == INTERACTIVE for t in lane.running.values())  # not the hold: it would last
             lane.batch = await self._hop(loop, lane, joining, leaving, back)
             if interactive:
                 lane.interactive_at = time.perf_counter()
