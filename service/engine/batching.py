@@ -19,7 +19,8 @@ drops it before compute (as it drops a request whose client went away).
 
 A request is ``interactive`` (the default) or ``batch``: a batch is formed of interactive requests when
 any wait, else of batch ones, so bulk images never stretch an interactive request's run; a batch request
-that has waited ``batch_max_wait_s`` goes first.
+that has waited ``batch_max_wait_s`` goes first. Within ``INTERACTIVE_HOLD_S`` of an interactive batch, batch work
+computes on every instance but one, so the next interactive request finds one free.
 
 An instance thread whose loop raises outside onnxruntime (a bug, an injected fault) answers the batch it
 held 500, logs the traceback once and goes on under ``service/engine/supervision.py``.
@@ -47,6 +48,10 @@ from service.observers import UNOBSERVED
 from service.tracing import TRACING
 
 log = logging.getLogger("attnserve.batching")
+
+# For this long after an interactive batch, batch work computes on every instance but one: an interactive
+# client's next request is a round trip away, and found every instance busy with 32 bulk images (~20 ms).
+INTERACTIVE_HOLD_S = 0.05
 
 
 class QueueFull(Exception):
@@ -125,6 +130,10 @@ class BatchState:
         if self._bulk and (not self._items or self._clock() - self._bulk[0].enqueued_at >= self.batch_max_wait_s):
             return self._bulk
         return self._items
+
+    def only_bulk_waits(self) -> bool:
+        """Whether batch work waits and no interactive work does."""
+        return bool(self._bulk) and not self._items
 
     def is_full(self) -> bool:
         """True when the next batch cannot grow any more, so waiting for batch-mates is pointless."""
@@ -275,6 +284,8 @@ class Batcher:
         self._state = BatchState(max_batch_size, max_queue_images, batch_max_wait_s)
         self._lock = threading.Lock()  # guards _state, _computing, _idle, _gathering and the admission's closing
         self._computing = 0  # batches in onnxruntime now, at most ``instances``
+        self._bulk_computing = 0  # of them, batches of batch work
+        self._interactive_at = -1e9  # perf_counter() when an interactive batch was last taken or finished
         self._idle: list[threading.Event] = []  # threads waiting for work, the most recently idle last
         self._gathering: list[threading.Event] = []  # threads holding off for batch-mates
         self._max_delay = max_queue_delay_s
@@ -409,7 +420,7 @@ class Batcher:
             except Exception as error:  # noqa: BLE001 - the batch it held is answered, and the thread goes on
                 if counted:
                     with self._lock:
-                        self._computing -= 1
+                        self._counted(batch, -1)
                 backoff = self._instance_failed(batch or [], error)
                 if backoff and not self._admission.closed:
                     time.sleep(backoff)
@@ -444,10 +455,14 @@ class Batcher:
                 if self._admission.closed:
                     return None, []
                 timeout = None
+                held = 0.0
                 if len(self._state):
                     now = time.perf_counter()
                     waited = 0.0 if gathering_since is None else now - gathering_since
-                    if self._computing and self._state.should_wait(self._intake.count, waited, self._max_delay):
+                    held = self._held_back(now)
+                    if held:
+                        timeout = held  # woken by an interactive request, or when the hold ends
+                    elif self._computing and self._state.should_wait(self._intake.count, waited, self._max_delay):
                         gathering_since = now - waited
                         timeout = self._max_delay - waited
                     else:
@@ -455,8 +470,23 @@ class Batcher:
                         return self._take()
                 self._unlist(wakeup)
                 wakeup.clear()
-                (self._idle if timeout is None else self._gathering).append(wakeup)
+                (self._idle if timeout is None or held else self._gathering).append(wakeup)
             wakeup.wait(timeout)  # woken (and unlisted) or timed out: the next look unlists it either way
+
+    def _held_back(self, now: float) -> float:
+        """Seconds this free instance leaves batch work queued (with ``_lock`` held): the last instance is kept for
+        interactive work within ``INTERACTIVE_HOLD_S`` of an interactive batch; 0: not held back."""
+        if self._instances < 2 or self._bulk_computing < self._instances - 1 or not self._state.only_bulk_waits():
+            return 0.0
+        return max(0.0, self._interactive_at + INTERACTIVE_HOLD_S - now)
+
+    def _counted(self, batch: list[Pending], delta: int) -> None:
+        """A batch starts (+1) or ends (-1) computing (with ``_lock`` held)."""
+        self._computing += delta
+        if batch[0].priority == "batch":
+            self._bulk_computing += delta
+        else:
+            self._interactive_at = time.perf_counter()
 
     def _unlist(self, wakeup: threading.Event) -> None:
         for waiting in (self._idle, self._gathering):
@@ -480,7 +510,7 @@ class Batcher:
             log.exception("batcher %s: unexpected error while forming a batch", self.name)
             return [], []
         if batch:
-            self._computing += 1
+            self._counted(batch, +1)
         if len(self._state):
             self._wake(self._idle[-1:])
         return batch, abandoned
@@ -494,7 +524,7 @@ class Batcher:
             out = e
         finally:
             with self._lock:
-                self._computing -= 1
+                self._counted(batch, -1)
                 if self._gathering:  # no longer worth holding off for mates, perhaps
                     self._wake(self._gathering)
                 # idle from now on, before the answers go out: the next request, which they may

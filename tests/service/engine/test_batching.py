@@ -250,6 +250,42 @@ def test_with_two_instances_a_second_batch_computes_while_the_first_is_held():
     assert [r.tolist() for r in results] == [[[2.0]], [[4.0]], [[6.0]]]
 
 
+@pytest.mark.parametrize("hold_s, at_once", [(0.0, 2), (30.0, 1)])
+def test_after_interactive_work_batch_work_leaves_one_instance_free(monkeypatch, hold_s, at_once):
+    """Two instances: an interactive request has just been answered, and two bulk requests come. Within the hold,
+    the second waits for the first (one instance kept free) and an interactive request arriving is computed at
+    once beside it; without a hold both bulk requests compute at once."""
+    monkeypatch.setattr("service.engine.batching.INTERACTIVE_HOLD_S", hold_s)
+
+    async def scenario():
+        inside, release = [0], threading.Event()
+
+        def run(x: np.ndarray, attention: bool) -> np.ndarray:
+            inside[0] += 1  # the GIL makes += atomic enough for two threads here
+            if x[0, 0] > 10:  # bulk rows: held until released
+                release.wait(timeout=30)
+            inside[0] -= 1
+            return x * 2
+
+        batcher = make_batcher(run, instances=2)
+        batcher.start()
+        await batcher.submit(rows(1))
+        bulk = [batcher.submit(rows(11), priority="batch"), batcher.submit(rows(12), priority="batch")]
+        await wait_for(lambda: inside[0] >= 1)
+        await asyncio.sleep(0.1)
+        computing, quick = inside[0], None
+        if hold_s:  # the instance kept free computes it while the bulk request is held
+            quick = await asyncio.wait_for(batcher.submit(rows(2)), timeout=20)
+        release.set()
+        results = await asyncio.gather(*bulk)
+        await batcher.stop()
+        return computing, quick, results
+
+    computing, quick, results = asyncio.run(scenario())
+    assert computing == at_once and (quick is None or quick.tolist() == [[4.0]])
+    assert [r.tolist() for r in results] == [[[22.0]], [[24.0]]]
+
+
 def test_only_batches_holding_an_attention_request_ask_the_model_for_attention():
     async def scenario():
         model = Doubler()
