@@ -26,7 +26,8 @@ arrival order, then its batch ones; a batch ticket that has waited ``batch_max_w
 any interactive one, so bulk work is delayed, never starved. Interactive submissions go to the lane with the
 fewest batch rows running, batch ones to a lane without interactive work; batch tickets join no batch that
 holds interactive work, nor within ``INTERACTIVE_HOLD_S`` of it (a lane with rows free takes batch work held
-back so), and join ``BATCH_JOIN_TOKENS`` source tokens a hop. When interactive tickets wait for a lane whose
+back so), and join ``BATCH_JOIN_TOKENS`` source tokens a hop; a lane of batch work rests after each step
+(``BULK_YIELD``) while another lane steps interactive work. When interactive tickets wait for a lane whose
 batch holds batch rows, those rows are set aside (:func:`~contract.decoding.split`: the batch itself when
 every row leaves, else their caches copied out) for as long as the lane has interactive work, so that an
 interactive sentence steps with no bulk rows beside it; they join back (:func:`~contract.decoding.concatenate`)
@@ -73,6 +74,12 @@ BATCH_JOIN_TOKENS = 160
 # A lane keeps batch work away this long after its last interactive step: an interactive client's next request
 # comes a round trip later, and batch work joined in between (encoded, stepped, set aside again) made it wait.
 INTERACTIVE_HOLD_S = 0.05
+# While another lane steps interactive work, a lane of batch work rests this many times each step's time after it:
+# the lanes share the cores (two vCPUs here) with the event loop, and an interactive sentence beside a lane stepping
+# bulk rows flat out took 1.5x its time alone at p50, 2x at p99 (bench_priorities; 1.2x and 1.6x resting, the bulk
+# client's rate 272 -> 205 sentences/s while the interactive one is busy).
+BULK_YIELD = 1.0
+rest = time.sleep  # how a lane of batch work rests (a test counts the rests)
 INTERACTIVE = "interactive"  # a submission's priority unless it says "batch"
 
 
@@ -139,6 +146,7 @@ class Lane:
     aside_batch: Batch | None = None  # their rows, as the lane's thread split them off
     stepped: int = 0  # steps of the hop under way (its thread counts them)
     interactive_at: float = -1e9  # perf_counter() when a hop last stepped interactive work
+    stepping_interactive: bool = False  # its hop under way steps interactive work (the other lanes' threads read it)
     traced: list[Ticket] = field(default_factory=list)  # with traces: finished this hop, their spans to record
 
     @property
@@ -482,7 +490,11 @@ class Scheduler:
                 await self._doze(lane)  # batch work held back for a moment: until it may go, or work arrives
                 continue
             interactive = any(t.priority == INTERACTIVE for t in lane.running.values())  # not the hold: it would last
-            lane.batch = await self._hop(loop, lane, joining, leaving, back)
+            lane.stepping_interactive = interactive
+            try:
+                lane.batch = await self._hop(loop, lane, joining, leaving, back)
+            finally:
+                lane.stepping_interactive = False
             if interactive:
                 lane.interactive_at = time.perf_counter()
             self._observer.occupancy(self.running_rows, self.waiting_rows)
@@ -549,6 +561,8 @@ class Scheduler:
             now = time.perf_counter()
             steps.append((rows, now - started, sentences - sum(r.cancelled for r in finished), now))
             ran += 1
+            if BULK_YIELD and not lane.stepping_interactive and any(o.stepping_interactive for o in self.lanes):
+                rest(BULK_YIELD * (now - started))  # cores left to the lane stepping interactive work
             lane.stepped += 1
             if lane.joined:
                 for t in lane.joined:

@@ -534,3 +534,35 @@ def test_a_lane_keeps_batch_work_away_for_a_moment_after_interactive_work(monkey
 
     took = run(with_scheduler(body, ThreadRecordingTranslator()))
     assert (took >= 0.4) is (hold_s > 0), took
+
+
+@pytest.mark.parametrize("bulk_yield", [0.0, 1.0])
+def test_a_lane_of_batch_work_rests_after_each_step_while_another_steps_interactive_work(monkeypatch, bulk_yield):
+    """Two lanes: the bulk one rests (sleeps its step's time times ``BULK_YIELD``) after each step taken while the
+    other lane steps an interactive request, and only then."""
+    monkeypatch.setattr("service.engine.scheduler.BULK_YIELD", bulk_yield)
+    rests: list[tuple[str, bool]] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds):
+        rests.append((threading.current_thread().name, sched_ref[0].lanes[0].stepping_interactive))
+        real_sleep(seconds)
+
+    monkeypatch.setattr("service.engine.scheduler.rest", sleep)
+    sched_ref: list = []
+    translator = ThreadRecordingTranslator()
+
+    async def body(sched):
+        sched_ref.append(sched)
+        quick = sched.submit([DecodeRequest([B, EOS], 60)])[0]  # lane 0
+        while not translator.rows_seen:
+            await asyncio.sleep(0.001)
+        bulk = sched.submit([DecodeRequest([B, EOS], 120)], priority="batch")[0]  # lane 1, without interactive work
+        await quick.future
+        during = len(rests)
+        await bulk.future
+        return during, len(rests)
+
+    during, total = run(with_scheduler(body, translator, lanes=2))
+    assert (during > 0) is (bulk_yield > 0) and total == during  # none once the interactive request was done
+    assert all(interactive and name.startswith("ort-t-1") for name, interactive in rests)
