@@ -3,8 +3,8 @@
 For :mod:`benchmarks.bench_lanes`. Before the service starts, the names the scheduler and the
 translator call are wrapped: ``step`` (one decoder step with the search and the cache bookkeeping around
 it: its wall time and its thread's CPU time), ``session_fn`` (each graph run: the decoder step's with
-its rows, the encoder's with its source tokens), and the translate operation's ``decode_jobs`` (validating,
-splitting, masking and tokenising the texts) and ``answer`` (rendering the translations). The sums, since the start, go as JSON to the file named
+its rows, the encoder's with its source tokens), and the translate operation's ``decode_plan`` and ``decode_jobs``
+(validating, splitting, masking and tokenising the texts) and ``answer`` (rendering the translations). The sums, since the start, go as JSON to the file named
 by ``ATTNSERVE_LANE_TIMING`` every ``WRITE_EVERY_S``; a reader takes two of them around a load. The wrapping
 holds in the one process the service runs in by default (``ATTNSERVE_WORKERS=1``), not in workers it would spawn.
 """
@@ -71,12 +71,17 @@ def _timed_step(batch, decoder, spec):
     return out
 
 
-def _timed_decode_jobs(*args, **kwargs):
-    started = time.perf_counter()
-    try:
-        return _decode_jobs(*args, **kwargs)
-    finally:
-        _add(jobs_s=time.perf_counter() - started)
+def _timed(function):
+    """``function`` with its time added to ``jobs_s`` (checking and tokenising a request's texts)."""
+
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _add(jobs_s=time.perf_counter() - started)
+
+    return timed
 
 
 async def _timed_answer(*args, **kwargs):
@@ -87,7 +92,7 @@ async def _timed_answer(*args, **kwargs):
         _add(answer_s=time.perf_counter() - started)
 
 
-_decode_jobs, _answer = translate.decode_jobs, translate.answer
+_answer = translate.answer
 
 
 def _write(path: Path) -> None:
@@ -107,6 +112,7 @@ def read(path: Path) -> Counter:
 if __name__ == "__main__":
     scheduler.step = _timed_step
     translator.session_fn = _timed_session_fn
-    translate.decode_jobs, translate.answer = _timed_decode_jobs, _timed_answer
+    translate.decode_plan, translate.decode_jobs = _timed(translate.decode_plan), _timed(translate.decode_jobs)
+    translate.answer = _timed_answer
     threading.Thread(target=_write, args=(Path(os.environ["ATTNSERVE_LANE_TIMING"]),), daemon=True).start()
     raise SystemExit(main())

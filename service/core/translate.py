@@ -63,10 +63,10 @@ def decode_plan(
 
 
 def decode_jobs(
-    served: ServedModel, settings: Settings, body: TranslateRequest, plan: tuple | None = None
+    body: TranslateRequest, plan: tuple[Translator, Scheduler, TranslationOptions, Limits]
 ) -> tuple[Translator, Scheduler, list[Job], TranslationOptions]:
-    """``decode_plan`` (unless given), then one job per text (a decoding request per sentence, tokenised)."""
-    translator, scheduler, options, limits = plan or decode_plan(served, settings, body)
+    """One job per text of ``body`` (a decoding request per sentence, tokenised), as ``decode_plan`` planned it."""
+    translator, scheduler, options, limits = plan
     jobs = translator.jobs(
         body.all_texts,
         protect=body.protect_placeholders,
@@ -112,7 +112,7 @@ async def translate_texts(
     # charged before its texts are tokenised (a request over its quota costs the event loop next to nothing); a
     # hit costs what a miss does: the quota is the caller's
     await caller.charge(characters=characters(body))
-    translator, scheduler, jobs, options = decode_jobs(served, serving.settings, body, plan)
+    translator, scheduler, jobs, options = decode_jobs(body, plan)
     cache = serving.responses
     if cache is None or body.return_attention:  # attention ids are the caller's: never from the cache
         if report is not None and cache is not None:
@@ -158,7 +158,7 @@ async def stream_text(
     events carry each token as it is decoded."""
     plan = decode_plan(served, serving.settings, body)
     await caller.charge(characters=characters(body))
-    translator, scheduler, (job,), _ = decode_jobs(served, serving.settings, body, plan)
+    translator, scheduler, (job,), _ = decode_jobs(body, plan)
     tickets = scheduler.submit(job.requests, stream=True, deadline=deadline, priority=caller.priority(body.priority))
     return translator, job, tickets
 

@@ -49,8 +49,10 @@ from service.tracing import TRACING
 
 log = logging.getLogger("attnserve.batching")
 
-# For this long after an interactive batch, batch work computes on every instance but one: an interactive
-# client's next request is a round trip away, and found every instance busy with 32 bulk images (~20 ms).
+# For this long after interactive work, batch work keeps out of its way: here it computes on every instance but one,
+# in the scheduler it joins no lane that stepped interactive work. An interactive client's next request is a round
+# trip away, and found every instance busy with 32 bulk images (~20 ms), or its lane re-encoding and stepping bulk
+# rows it then set aside again.
 INTERACTIVE_HOLD_S = 0.05
 
 

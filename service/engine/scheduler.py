@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from contract.decoding import Batch, DecodeBatch, DecodeRequest, concatenate, split, step
 from service.engine.admission import Admission
-from service.engine.batching import succeeded
+from service.engine.batching import INTERACTIVE_HOLD_S, succeeded
 from service.engine.supervision import Supervision
 from service.errors import InvalidField, TextTooLong
 from service.faults import NONE, Faults
@@ -71,9 +71,6 @@ JOIN_EVERY = 4
 # Source tokens of batch work one hop encodes: an interactive arrival waits for the encoder run in progress,
 # and 50 bulk sentences joining at once took 50-77 ms of it (bench_priorities: B's p99 beside a bulk client).
 BATCH_JOIN_TOKENS = 160
-# A lane keeps batch work away this long after its last interactive step: an interactive client's next request
-# comes a round trip later, and batch work joined in between (encoded, stepped, set aside again) made it wait.
-INTERACTIVE_HOLD_S = 0.05
 # While another lane steps interactive work, a lane of batch work rests this many times each step's time after it:
 # the lanes share the cores (two vCPUs here) with the event loop, and an interactive sentence beside a lane stepping
 # bulk rows flat out took 1.5x its time alone at p50, 2x at p99 (bench_priorities; 1.2x and 1.6x resting, the bulk
@@ -179,6 +176,7 @@ class Scheduler:
         self._observer = observer or UNOBSERVED
         self._admission = Admission(name, retry_after_s, self._observer)
         self._groups = itertools.count()
+        self._bulk = 0  # batch tickets not answered yet: none, and interactive work goes where the load is least
         self._faults = faults
         self.supervision = supervision or Supervision()
         self.lanes = [
@@ -249,9 +247,12 @@ class Scheduler:
         for t in tickets:
             t.future.add_done_callback(self._answered_after(t))
         up = [lane for lane in self.lanes if not lane.down] or self.lanes
-        if priority == INTERACTIVE:  # the least loaded of the lanes with the fewest batch rows to set aside
+        if priority == INTERACTIVE and not self._bulk:
+            lane = min(up, key=lambda lane: lane.load)  # the first of the least loaded
+        elif priority == INTERACTIVE:  # the least loaded of the lanes with the fewest batch rows to set aside
             lane = min(up, key=lambda lane: (_batch_rows(lane), lane.load))
-        else:  # the least loaded of the lanes without interactive work (where it would wait)
+        else:
+            self._bulk += len(tickets)  # the least loaded of the lanes without interactive work (where it would wait)
             lane = min(up, key=lambda lane: (_has_interactive(lane), lane.load + lane.aside_rows))
         self._enqueue(lane, tickets)
         self._observer.occupancy(self.running_rows, self.waiting_rows)
@@ -264,6 +265,8 @@ class Scheduler:
         observer = self._observer
 
         def answered(future: asyncio.Future) -> None:
+            if ticket.priority != INTERACTIVE:
+                self._bulk -= 1
             ok = succeeded(future) and not ticket.request.cancelled
             observer.answered(time.perf_counter() - ticket.enqueued_at, ok)
 
@@ -380,8 +383,7 @@ class Scheduler:
         """The lane's waiting tickets that fit its rows free now, interactive ones first (``_next``); cancelled ones
         are dropped, and so are those past their deadline whose timer the event loop has not fired yet."""
         joining: list[Ticket] = []
-        now, batch_tokens = time.monotonic(), 0
-        interactive_running = _has_interactive(lane, waiting=False)
+        now, batch_tokens, interactive_running = time.monotonic(), 0, None
         while lane.waiting:
             head = self._next(lane)
             if head.past_deadline(now):
@@ -394,13 +396,13 @@ class Scheduler:
                 continue
             if not self._room_for(lane, head.request):
                 break
-            if (
-                head.priority != INTERACTIVE
-                and (lane.aside or interactive_running)
-                and time.perf_counter() - head.enqueued_at < self.batch_max_wait_s
-            ):
-                break  # batch work waits while interactive work runs (the lane's own batch work set aside)
             if head.priority != INTERACTIVE:
+                if interactive_running is None:  # looked at once a hop, and only for batch work
+                    interactive_running = _has_interactive(lane, waiting=False)
+                if (
+                    lane.aside or interactive_running
+                ) and time.perf_counter() - head.enqueued_at < self.batch_max_wait_s:
+                    break  # batch work waits while interactive work runs (the lane's own batch work set aside)
                 batch_tokens += len(head.request.source)
                 if batch_tokens > BATCH_JOIN_TOKENS and joining:
                     break  # the rest joins at the next hop, a few steps on

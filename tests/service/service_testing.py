@@ -121,13 +121,16 @@ class SubprocessServer(Server):
             return self.proc.wait()
 
 
-def start_subprocess_server(tmp_path: Path, repository: Path, root: Path = ROOT, **settings: str) -> SubprocessServer:
-    """``python -m service`` of the source tree ``root`` (this checkout unless another build is wanted)."""
+def start_subprocess_server(
+    tmp_path: Path, repository: Path, root: Path = ROOT, python_path: tuple[Path, ...] = (), **settings: str
+) -> SubprocessServer:
+    """``python -m service`` of the source tree ``root`` (this checkout unless another build is wanted);
+    ``python_path``: folders imported from first (a ``sitecustomize`` there runs before the service)."""
     port = free_port()
     env = {
         **os.environ,
         **BASE_ENV,
-        "PYTHONPATH": os.pathsep.join(dict.fromkeys((str(root), str(ROOT)))),
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(map(str, (*python_path, root, ROOT)))),
         "ATTNSERVE_PORT": str(port),
         "ATTNSERVE_MODEL_REPOSITORY": str(repository),
         "ATTNSERVE_LOG_FORMAT": "json",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 
 import httpx
-import pytest
 
 from tests.service.service_testing import start_subprocess_server, wait_until
 
@@ -60,11 +59,14 @@ def test_an_empty_repository_is_not_ready_and_says_so(tmp_path):
 
 
 def test_require_gpu_without_cuda_refuses_to_start(tiny_vit_repository, tmp_path):
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        pytest.skip("this machine offers CUDA; the refusal is for machines that do not")
-    srv = start_subprocess_server(tmp_path, tiny_vit_repository, require_gpu="true")
+    cpu_only = tmp_path / "cpu-only"  # the service's onnxruntime offers no CUDA, on any machine
+    cpu_only.mkdir()
+    (cpu_only / "sitecustomize.py").write_text(
+        "import onnxruntime\n"
+        "offered = onnxruntime.get_available_providers\n"
+        "onnxruntime.get_available_providers = lambda: [p for p in offered() if p != 'CUDAExecutionProvider']\n"
+    )
+    srv = start_subprocess_server(tmp_path, tiny_vit_repository, python_path=(cpu_only,), require_gpu="true")
     code = srv.proc.wait(timeout=60)
     assert code != 0
     logs = srv.logs()
