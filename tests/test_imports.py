@@ -8,7 +8,8 @@
 - inside ``service``, HTTP (``service/http/``) and gRPC (``service/grpc/``) are peer transports over
   one core: neither imports the other, the core (every other module but the process composition,
   ``service/__main__.py`` and ``service/process.py``) imports neither, and a process that serves
-  gRPC alone loads no HTTP framework (checked at run time).
+  gRPC alone loads no HTTP framework (checked at run time); a transport reaches the engines
+  (``service/engine/``) only through the core's operations.
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ def test_the_core_imports_neither_transport():
     ]
     assert "service/registry.py" in {str(f.relative_to(ROOT)) for f in core}
     broken = {str(f.relative_to(ROOT)): bad for f in core if (bad := reaching(f, TRANSPORTS))}
+    assert broken == {}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_transport_reaches_the_engines_only_through_the_core(transport):
+    broken = {
+        str(f.relative_to(ROOT)): bad for f in modules_under(transport) if (bad := reaching(f, ("service.engine",)))
+    }
     assert broken == {}
 
 

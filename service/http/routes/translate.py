@@ -22,8 +22,7 @@ from contract.translation_text import labels, render
 from service.core.caller import KeyedStore
 from service.core.response_cache import CacheReport
 from service.core.serving import Serving
-from service.core.translate import answer, stream_text, translate_texts
-from service.engine.scheduler import Ticket
+from service.core.translate import Ticket, answer, stream_text, translate_texts
 from service.errors import DeadlineExceeded, InvalidField, ServiceError, UnsupportedMediaType
 from service.http.common import JSON_TYPE, attention_store, http_caller, parse_json_body
 from service.http.deadlines import count_exceeded, request_deadline
