@@ -25,6 +25,7 @@ import asyncio
 import base64
 import hashlib
 import multiprocessing
+import os
 import random
 import statistics
 import tempfile
@@ -39,7 +40,7 @@ from service.grpc.generated import grpc_service_pb2 as pb
 from service.grpc.generated.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
 SENTENCES = [t for t in (ROOT / "benchmarks" / "translate_sentences.txt").read_text("utf-8").splitlines() if t.strip()]
-MODES = ("alone", "bulk as batch", "bulk as interactive", "bulk on its quota")
+MODES = ("alone", "beside idle load", "bulk as batch", "bulk as interactive", "bulk on its quota")
 KEYS = {"B": "bench-key-interactive", "A": "bench-key-bulk", "A quota": "bench-key-bulk-quota"}
 QUOTAS = {"translate": "characters=5000/s", "classify": "images=400/s"}
 
@@ -140,9 +141,23 @@ def bulk_process(queue, task, transport, targets, items, seconds, *rest) -> None
     queue.put(asyncio.run(bulk(task, transport, targets, items, time.monotonic() + seconds, *rest)))
 
 
+def spin() -> None:
+    """A core's worth of work that yields to everything else: a busy loop at the lowest priority."""
+    os.nice(19)
+    while True:
+        pass
+
+
 def measure(targets: list[str], items: list, mode: str, args: argparse.Namespace, seed: int) -> dict:
     a, queue = None, multiprocessing.get_context("spawn").SimpleQueue()
-    if mode != "alone":
+    spinners = []
+    if mode == "beside idle load":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        spinners = [multiprocessing.get_context("spawn").Process(target=spin, daemon=True) for _ in range(cores)]
+        for p in spinners:
+            p.start()
+        time.sleep(0.5)  # the interpreters started, the loops running
+    if mode.startswith("bulk"):
         priority = "batch" if mode == "bulk as batch" else None
         who = "A quota" if mode == "bulk on its quota" else "A"
         bulk_args = (args.task, args.transport, targets, items, args.seconds, args.bulk_connections, args.bulk_items)
@@ -150,7 +165,12 @@ def measure(targets: list[str], items: list, mode: str, args: argparse.Namespace
         a.start()
         assert queue.get() == "started"
     until = time.monotonic() + args.seconds
-    latencies = sorted(asyncio.run(interactive(args.task, args.transport, targets, items, until, seed)))
+    try:
+        latencies = sorted(asyncio.run(interactive(args.task, args.transport, targets, items, until, seed)))
+    finally:
+        for p in spinners:
+            p.kill()
+            p.join()
     counts = {"items": 0, "429": 0, "errors": 0}
     if a is not None:
         counts = queue.get()

@@ -13,7 +13,8 @@ import sys
 from contract.decoding import DecodeRequest
 from service import registry
 from service.__main__ import main as serve
-from service.engine.scheduler import Lane, Scheduler
+from service.engine.lanes import Lane
+from service.engine.scheduler import Scheduler
 
 
 class StaticScheduler(Scheduler):

@@ -579,12 +579,18 @@ def test_bench_priorities_prints_b_beside_each_kind_of_bulk_client(both_reposito
     proc = run_module("benchmarks.bench_priorities", *args, "--rounds", "1", "--seconds", "2", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = re.findall(
-        r"^(alone|bulk as batch|bulk as interactive|bulk on its quota) +([\d.]+) ms +([\d.]+) ms +([\d.]+)x +([\d.]+)x"
+        r"^(alone|beside idle load|bulk as batch|bulk as interactive|bulk on its quota) +([\d.]+) ms +([\d.]+) ms +([\d.]+)x +([\d.]+)x"
         r" +([\d.]+) (\d+) \(other errors: (\d+)\)$",
         proc.stdout,
         re.MULTILINE,
     )
     figures = {r[0]: r[1:] for r in rows}
-    assert list(figures) == ["alone", "bulk as batch", "bulk as interactive", "bulk on its quota"], proc.stdout
+    assert list(figures) == [
+        "alone",
+        "beside idle load",
+        "bulk as batch",
+        "bulk as interactive",
+        "bulk on its quota",
+    ], proc.stdout
     assert figures["alone"][2:4] == ("1.00", "1.00") and float(figures["bulk as batch"][4]) > 0
     assert int(figures["bulk on its quota"][5]) > 0 and all(f[6] == "0" for f in figures.values())

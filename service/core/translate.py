@@ -28,7 +28,8 @@ from service.core.response_cache import (
 )
 from service.core.serving import Serving
 from service.core.single_flight import follow
-from service.engine.scheduler import Scheduler, Ticket
+from service.engine.lanes import Ticket
+from service.engine.scheduler import Scheduler
 from service.errors import InferenceFailed, InvalidField, ServiceError
 from service.logs import current_request_id
 from service.registry import ServedModel

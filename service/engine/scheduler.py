@@ -33,7 +33,7 @@ every row leaves, else their caches copied out) for as long as the lane has inte
 interactive sentence steps with no bulk rows beside it; they join back (:func:`~contract.decoding.concatenate`)
 once it has had none for ``INTERACTIVE_HOLD_S``, or once the oldest of them has been queued ``batch_max_wait_s``
 (a ticket that old is never set aside again). A row decodes the same set aside or not. Only host batches are
-set aside (a device batch's rows live in OrtValues).
+set aside (a device batch's rows live in OrtValues). A lane's state and tickets: ``service/engine/lanes.py``.
 """
 
 from __future__ import annotations
@@ -43,19 +43,17 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from contract.decoding import Batch, DecodeBatch, DecodeRequest, concatenate, split, step
 from service.engine.admission import Admission
-from service.engine.batching import INTERACTIVE_HOLD_S, succeeded
+from service.engine.batching import succeeded
+from service.engine.lanes import INTERACTIVE, Lane, Ticket, head_rows
 from service.engine.supervision import Supervision
 from service.errors import InvalidField, TextTooLong
 from service.faults import NONE, Faults
-from service.logs import current_request_id
 from service.observers import UNOBSERVED
 from service.tracing import TRACING
 from service.translator import Translator
@@ -77,7 +75,6 @@ BATCH_JOIN_TOKENS = 160
 # client's rate 272 -> 205 sentences/s while the interactive one is busy).
 BULK_YIELD = 1.0
 rest = time.sleep  # how a lane of batch work rests (a test counts the rests)
-INTERACTIVE = "interactive"  # a submission's priority unless it says "batch"
 
 
 class DecodeObserver(Protocol):
@@ -91,64 +88,6 @@ class DecodeObserver(Protocol):
     def restarted(self) -> None: ...
     def failed(self) -> None: ...
     def answered(self, seconds: float, ok: bool) -> None: ...
-
-
-@dataclass(eq=False)
-class Ticket:
-    """A submitted request: its future (resolves to the finished ``DecodeRequest``) and, when streaming,
-    a queue of token events (``list[int]`` of the tokens so far, greedy only; ``None`` at the end)."""
-
-    request: DecodeRequest
-    future: asyncio.Future
-    events: asyncio.Queue | None = None
-    deadline: float | None = None  # time.monotonic() by which it must be answered
-    timer: asyncio.TimerHandle | None = None  # answers 504 at the deadline
-    enqueued_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None
-    first_token_at: float | None = None
-    streamed: int = 0
-    group: int = 0  # the submission it came in: a submission's tickets decode in one lane
-    request_id: str | None = field(default_factory=current_request_id)  # to name it in errors and logs
-    priority: str = INTERACTIVE
-    trace: Any = None  # its request's span context when traces are on (service/tracing.py)
-    hops: list = field(default_factory=list)  # with traces: the contexts of the hops it was stepped in
-    finished_at: float | None = None
-
-    def cancel(self) -> None:
-        self.request.cancelled = True
-
-    def past_deadline(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
-
-
-@dataclass(eq=False)
-class Lane:
-    """One decoding loop: its running batch, the tickets decoding in it, and the thread that steps it."""
-
-    executor: ThreadPoolExecutor
-    index: int = 0
-    batch: Batch | None = None
-    rows: int = 0
-    running: dict[int, Ticket] = field(default_factory=dict)
-    waiting: deque[Ticket] = field(default_factory=deque)
-    waiting_rows: int = 0
-    interactive: int = 0  # interactive tickets in ``waiting``: none, and the head is the next one either way
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
-    joined: list[Ticket] = field(default_factory=list)  # joining this hop: their first token is its first step's
-    fault: Exception | None = None  # raised by a settle the thread posted: the lane fails when its hop returns
-    down: bool = False  # failed, waiting to restart: the other lanes take what waits for it
-    aside: set[int] = field(default_factory=set)  # running batch requests set aside while interactive work runs
-    aside_rows: int = 0  # their rows (not in ``rows``)
-    aside_batch: Batch | None = None  # their rows, as the lane's thread split them off
-    stepped: int = 0  # steps of the hop under way (its thread counts them)
-    interactive_at: float = -1e9  # perf_counter() when a hop last stepped interactive work
-    stepping_interactive: bool = False  # its hop under way steps interactive work (the other lanes' threads read it)
-    traced: list[Ticket] = field(default_factory=list)  # with traces: finished this hop, their spans to record
-
-    @property
-    def load(self) -> int:
-        return self.rows + self.waiting_rows
 
 
 class Scheduler:
@@ -250,11 +189,11 @@ class Scheduler:
         if priority == INTERACTIVE and not self._bulk:
             lane = min(up, key=lambda lane: lane.load)  # the first of the least loaded
         elif priority == INTERACTIVE:  # the least loaded of the lanes with the fewest batch rows to set aside
-            lane = min(up, key=lambda lane: (_batch_rows(lane), lane.load))
+            lane = min(up, key=lambda lane: (lane.batch_rows(), lane.load))
         else:
             self._bulk += len(tickets)  # the least loaded of the lanes without interactive work (where it would wait)
-            lane = min(up, key=lambda lane: (_has_interactive(lane), lane.load + lane.aside_rows))
-        self._enqueue(lane, tickets)
+            lane = min(up, key=lambda lane: (lane.has_interactive(), lane.load + lane.aside_rows))
+        lane.enqueue(tickets)
         self._observer.occupancy(self.running_rows, self.waiting_rows)
         lane.wakeup.set()
         return tickets
@@ -307,7 +246,7 @@ class Scheduler:
             lane.waiting_rows = lane.interactive = 0
             lane.running.clear()
             lane.rows = 0
-            _clear_aside(lane)
+            lane.clear_aside()
         for lane in self.lanes:
             await asyncio.to_thread(lane.executor.shutdown, wait=True)
 
@@ -336,11 +275,11 @@ class Scheduler:
             group = other.waiting[0].group
             if any(t.group == group for t in other.running.values()):
                 continue  # begun there: its other sentences join the same batch
-            rows = _head_rows(other.waiting)
+            rows = head_rows(other.waiting)
             stuck = (
                 other.down
                 or (other.batch is not None and (free is None or other.rows + rows > self.max_running_rows))
-                or (other.waiting[0].priority != INTERACTIVE and _has_interactive(other))  # batch work held back
+                or (other.waiting[0].priority != INTERACTIVE and other.has_interactive())  # batch work held back
             )
             if stuck and (free is None or rows <= free):
                 candidates.append(other)
@@ -351,23 +290,8 @@ class Scheduler:
         moving = []
         while victim.waiting and victim.waiting[0].group == group:
             moving.append(victim.waiting[0])
-            self._dequeue(victim, victim.waiting[0])
-        self._enqueue(lane, moving)
-
-    @staticmethod
-    def _enqueue(lane: Lane, tickets: list[Ticket]) -> None:
-        lane.waiting.extend(tickets)
-        lane.waiting_rows += sum(t.request.beam for t in tickets)
-        lane.interactive += sum(t.priority == INTERACTIVE for t in tickets)
-
-    @staticmethod
-    def _dequeue(lane: Lane, ticket: Ticket) -> None:
-        if lane.waiting and lane.waiting[0] is ticket:
-            lane.waiting.popleft()
-        else:
-            lane.waiting.remove(ticket)
-        lane.waiting_rows -= ticket.request.beam
-        lane.interactive -= ticket.priority == INTERACTIVE
+            victim.dequeue(victim.waiting[0])
+        lane.enqueue(moving)
 
     def _next(self, lane: Lane) -> Ticket:
         """The waiting ticket to admit next: a batch one past ``batch_max_wait_s``, else the first interactive one,
@@ -390,7 +314,7 @@ class Scheduler:
                 self._expire(head)
                 continue
             if head.request.cancelled:
-                self._dequeue(lane, head)
+                lane.dequeue(head)
                 self._observer.cancelled()
                 self._resolve(head)
                 continue
@@ -398,7 +322,7 @@ class Scheduler:
                 break
             if head.priority != INTERACTIVE:
                 if interactive_running is None:  # looked at once a hop, and only for batch work
-                    interactive_running = _has_interactive(lane, waiting=False)
+                    interactive_running = lane.has_interactive(waiting=False)
                 if (
                     lane.aside or interactive_running
                 ) and time.perf_counter() - head.enqueued_at < self.batch_max_wait_s:
@@ -406,7 +330,7 @@ class Scheduler:
                 batch_tokens += len(head.request.source)
                 if batch_tokens > BATCH_JOIN_TOKENS and joining:
                     break  # the rest joins at the next hop, a few steps on
-            self._dequeue(lane, head)
+            lane.dequeue(head)
             lane.rows += head.request.beam
             lane.running[head.request.id] = head  # the lane's from now on: answered if it fails
             joining.append(head)
@@ -434,7 +358,7 @@ class Scheduler:
         tickets = list(lane.running.values())
         lane.running.clear()
         lane.rows, lane.batch, lane.joined, lane.fault = 0, None, [], None
-        _clear_aside(lane)
+        lane.clear_aside()
         log.error(
             "lane %d of model %s failed; answering its %d running requests 500 (%s) and restarting it",
             lane.index,
@@ -456,7 +380,7 @@ class Scheduler:
         now = time.perf_counter()
         if lane.aside:
             running = [t for i, t in lane.running.items() if i not in lane.aside]
-            interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running) or _held(lane)
+            interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running) or lane.held()
             aside = [lane.running[i] for i in lane.aside if i in lane.running]
             overdue = any(now - t.enqueued_at >= self.batch_max_wait_s for t in aside)
             if (overdue or not interactive) and lane.rows + lane.aside_rows <= self.max_running_rows:
@@ -507,7 +431,7 @@ class Scheduler:
     @staticmethod
     async def _doze(lane: Lane) -> None:
         lane.wakeup.clear()
-        left = lane.interactive_at + INTERACTIVE_HOLD_S - time.perf_counter()
+        left = lane.hold_left()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(lane.wakeup.wait(), timeout=max(0.001, left))
 
@@ -613,7 +537,7 @@ class Scheduler:
             )
             lane.running.clear()
             lane.rows = 0
-            _clear_aside(lane)
+            lane.clear_aside()
             self._observer.failed()
             for t in tickets:
                 self._fail([t], self._admission.failed(t.request_id))
@@ -699,7 +623,7 @@ class Scheduler:
             self._fail([ticket], self._admission.deadline_exceeded())
         lane = next((lane for lane in self.lanes if ticket in lane.waiting), None)
         if lane is not None:
-            self._dequeue(lane, ticket)
+            lane.dequeue(ticket)
             self._observer.cancelled()
             self._resolve(ticket)
             self._observer.occupancy(self.running_rows, self.waiting_rows)
@@ -724,39 +648,5 @@ class Scheduler:
                     t.future.exception()  # a stream reads the error from its events; nobody awaits this future
 
 
-def _clear_aside(lane: Lane) -> None:
-    """Forget what the lane set aside: its requests were answered with the others (a failure, a stop)."""
-    lane.aside, lane.aside_rows, lane.aside_batch = set(), 0, None
-
-
-def _has_interactive(lane: Lane, waiting: bool = True) -> bool:
-    """Whether interactive work runs in the lane, ran in it within ``INTERACTIVE_HOLD_S`` or (with ``waiting``) waits
-    for it."""
-    return (
-        (waiting and lane.interactive > 0)
-        or any(t.priority == INTERACTIVE for t in lane.running.values())
-        or _held(lane)
-    )
-
-
-def _held(lane: Lane) -> bool:
-    return time.perf_counter() - lane.interactive_at < INTERACTIVE_HOLD_S
-
-
-def _batch_rows(lane: Lane) -> int:
-    """Rows of batch work decoding in the lane's batch (not set aside): what interactive work there would set aside."""
-    return sum(t.request.beam for i, t in lane.running.items() if t.priority != INTERACTIVE and i not in lane.aside)
-
-
 def _ids(tickets: list[Ticket]) -> str:
     return ", ".join(str(t.request_id) for t in tickets) or "none"
-
-
-def _head_rows(waiting: deque[Ticket]) -> int:
-    """The rows of the first submission waiting (its tickets come one after the other)."""
-    rows, group = 0, waiting[0].group
-    for t in waiting:
-        if t.group != group:
-            break
-        rows += t.request.beam
-    return rows

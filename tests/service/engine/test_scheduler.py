@@ -509,8 +509,8 @@ def test_interactive_and_batch_work_go_to_lanes_apart_and_held_batch_work_is_tak
         held = sched.submit([DecodeRequest([A, EOS], 10)], priority="batch")[0]
         for lane in sched.lanes:
             if held in lane.waiting and lane is not interactive_lane:
-                sched._dequeue(lane, held)
-                sched._enqueue(interactive_lane, [held])
+                lane.dequeue(held)
+                interactive_lane.enqueue([held])
         await held.future
         taken_before_first_ended = not first.future.done()  # the interactive lane would admit it only after
         await asyncio.gather(first.future, bulk.future, second.future)
@@ -524,7 +524,7 @@ def test_interactive_and_batch_work_go_to_lanes_apart_and_held_batch_work_is_tak
 def test_a_lane_keeps_batch_work_away_for_a_moment_after_interactive_work(monkeypatch, hold_s):
     """Batch work that arrives just after an interactive request finished starts once the lane has had no
     interactive work for ``INTERACTIVE_HOLD_S`` (an interactive client's next request is a round trip away)."""
-    monkeypatch.setattr("service.engine.scheduler.INTERACTIVE_HOLD_S", hold_s)
+    monkeypatch.setattr("service.engine.lanes.INTERACTIVE_HOLD_S", hold_s)
 
     async def body(sched):
         await sched.submit([DecodeRequest([A, EOS], 10)])[0].future
