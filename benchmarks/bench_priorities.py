@@ -38,6 +38,7 @@ import httpx
 from benchmarks.bench_classify import ROOT, Service, _free_port, load_test_images, pick_model
 from service.grpc.generated import grpc_service_pb2 as pb
 from service.grpc.generated.grpc_service_pb2_grpc import GRPCInferenceServiceStub
+from service.memory import available_cores
 
 SENTENCES = [t for t in (ROOT / "benchmarks" / "translate_sentences.txt").read_text("utf-8").splitlines() if t.strip()]
 MODES = ("alone", "beside idle load", "bulk as batch", "bulk as interactive", "bulk on its quota")
@@ -152,8 +153,9 @@ def measure(targets: list[str], items: list, mode: str, args: argparse.Namespace
     a, queue = None, multiprocessing.get_context("spawn").SimpleQueue()
     spinners = []
     if mode == "beside idle load":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        spinners = [multiprocessing.get_context("spawn").Process(target=spin, daemon=True) for _ in range(cores)]
+        spinners = [
+            multiprocessing.get_context("spawn").Process(target=spin, daemon=True) for _ in range(available_cores())
+        ]
         for p in spinners:
             p.start()
         time.sleep(0.5)  # the interpreters started, the loops running

@@ -43,14 +43,18 @@ _trim = _malloc_trim()
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+
+
 def limit_arenas() -> int | None:
     """Cap glibc's malloc arenas at the cores this process may use (at least 2); the cap, or None when
     ``MALLOC_ARENA_MAX`` is set or the C library is not glibc. Call in each process before it starts the
     threads that allocate (onnxruntime's, the worker pools'): arenas made before stay."""
     if _trim is None or os.environ.get("MALLOC_ARENA_MAX"):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-    arenas = max(2, cores)
+    arenas = max(2, available_cores())
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     return arenas if libc.mallopt(M_ARENA_MAX, arenas) == 1 else None
 

@@ -9,13 +9,13 @@ Sessions whose graphs point into one weights file can compute on one mapping of 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from service.memory import available_cores
 from service.settings import Settings
 
 log = logging.getLogger("attnserve.runtime")
@@ -101,11 +101,7 @@ def intra_op_threads(settings: Settings) -> int:
     the requests of two, at half the single-client latency)."""
     if settings.intra_op_threads:
         return settings.intra_op_threads
-    return (
-        max(1, len(os.sched_getaffinity(0)) - 1)
-        if hasattr(os, "sched_getaffinity")
-        else max(1, (os.cpu_count() or 2) - 1)
-    )
+    return max(1, available_cores() - 1)
 
 
 def decoding_lanes(settings: Settings, provider: str) -> int:
@@ -115,8 +111,7 @@ def decoding_lanes(settings: Settings, provider: str) -> int:
         return settings.decoding_lanes
     if provider == CUDA:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-    return max(1, cores // intra_op_threads(settings))
+    return max(1, available_cores() // intra_op_threads(settings))
 
 
 def session_options(settings: Settings) -> ort.SessionOptions:

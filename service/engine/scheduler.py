@@ -379,8 +379,7 @@ class Scheduler:
         or once the oldest set aside has been queued ``batch_max_wait_s``, when their rows fit again."""
         now = time.perf_counter()
         if lane.aside:
-            running = [t for i, t in lane.running.items() if i not in lane.aside]
-            interactive = lane.interactive or any(t.priority == INTERACTIVE for t in running) or lane.held()
+            interactive = lane.has_interactive()  # the rows set aside are batch work only
             aside = [lane.running[i] for i in lane.aside if i in lane.running]
             overdue = any(now - t.enqueued_at >= self.batch_max_wait_s for t in aside)
             if (overdue or not interactive) and lane.rows + lane.aside_rows <= self.max_running_rows:
